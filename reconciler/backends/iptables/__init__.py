@@ -1,0 +1,1 @@
+"""iptables backend: iptables-save parsing and iptables-restore rendering (see :mod:`.save`)."""

@@ -1,0 +1,1 @@
+"""nftables backend: tables `ip reconciler` and `ip6 reconciler`, one chain per service port."""

@@ -1,0 +1,89 @@
+"""The nftables backend: render / observe / diff / apply / cleanup behind the Backend interface."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ...state import DesiredState
+from ..base import Operation
+from . import kernel
+from .diff import diff, owner, script
+from .objects import Ruleset
+from .observe import observe
+from .render import render
+
+_SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodeports": "nodePort ",
+                 "no-endpoint-nodeports": "nodePort "}
+_V4_EP = re.compile(r"(\d+\.\d+\.\d+\.\d+) \. (\d+)|to (\d+\.\d+\.\d+\.\d+):(\d+)")
+_V6_EP = re.compile(r"([0-9a-f:]*:[0-9a-f:]*) \. (\d+)|to \[([0-9a-f:]+)\]:(\d+)")
+
+
+class NftablesBackend:
+    mode = "nftables"
+
+    def render(self, desired: DesiredState) -> Ruleset:
+        return render(desired)
+
+    def observe(self) -> Ruleset:
+        return observe()
+
+    def diff(self, desired: Ruleset, observed: Ruleset) -> list[Operation]:
+        return diff(desired, observed)
+
+    def apply(self, operations: list[Operation]) -> None:
+        kernel.run_script(script(operations))
+
+    def script(self, operations: list[Operation]) -> str:
+        return script(operations)
+
+    def cleanup(self) -> list[Operation]:
+        return diff(Ruleset(), self.observe())
+
+    def model_to_dict(self, model: Ruleset) -> dict[str, Any]:
+        return model.to_dict()
+
+    def service_view(self, model: Ruleset) -> dict[str, dict[str, Any]]:
+        return service_view(model)
+
+
+def _addr(key: str, prefix: str) -> str:
+    parts = key.split(" . ")
+    if prefix:  # nodeport: proto . port
+        return f"nodePort {parts[1]}/{parts[0]}"
+    ip = f"[{parts[0]}]" if ":" in parts[0] else parts[0]
+    return f"{ip}:{parts[2]}/{parts[1]}"
+
+
+def service_view(model: Ruleset) -> dict[str, dict[str, Any]]:
+    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses."""
+    view: dict[str, dict[str, Any]] = {}
+
+    def entry(sid: str) -> dict[str, Any]:
+        return view.setdefault(sid, {"addresses": set(), "endpoints": set()})
+
+    for table in model.tables.values():
+        for name, s in table.sets.items():
+            if name not in _SERVICE_MAPS:
+                continue
+            for key, (value, comment) in s.elements.items():
+                if not comment:
+                    continue
+                addr = _addr(key, _SERVICE_MAPS[name])
+                if value and value.startswith("goto reject"):
+                    addr += " (reject)"
+                elif value == "drop":
+                    addr += " (drop)"
+                entry(comment)["addresses"].add(addr)
+        for name, chain in table.chains.items():
+            sid = owner(name)
+            if sid is None:
+                continue
+            for rule in chain.rules:
+                if "dnat" not in rule:
+                    continue
+                for m in (_V6_EP if table.family == "ip6" else _V4_EP).finditer(rule.split("dnat", 1)[1]):
+                    ip, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+                    entry(sid)["endpoints"].add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+    return {k: {"addresses": sorted(v["addresses"]), "endpoints": sorted(v["endpoints"])}
+            for k, v in sorted(view.items())}

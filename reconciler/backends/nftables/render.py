@@ -1,0 +1,295 @@
+"""DesiredState -> nftables Ruleset. A plain renderer: every decision is already in the document.
+
+Layout per family (table `ip reconciler` / `ip6 reconciler`), built to keep the object count low:
+one chain per service port (`svc-…`), one more only for external traffic that needs other handling
+(`ext-…`), per-endpoint chains only for session affinity (`ep-…`); every address lookup is one map.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Iterable
+
+from ...state import DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath
+from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
+
+Elements = dict[str, tuple[str | None, str | None]]
+
+MASQ_BIT = 0x4000
+MARK_MASQ = "mark-for-masquerade"
+REJECT_CHAIN = "reject-chain"
+
+# Hook priorities (nft prints them as numbers in JSON): dstnat=-100, srcnat=100, filter=0.
+_BASE_CHAINS = {
+    "nat-prerouting": BaseHook("nat", "prerouting", -100),
+    "nat-output": BaseHook("nat", "output", -100),
+    "nat-postrouting": BaseHook("nat", "postrouting", 100),
+    "firewall-prerouting": BaseHook("filter", "prerouting", -110),
+    "firewall-output": BaseHook("filter", "output", -110),
+    "filter-input": BaseHook("filter", "input", -10),
+    "filter-forward": BaseHook("filter", "forward", -10),
+    "filter-output": BaseHook("filter", "output", -10),
+}
+
+
+def service_key(sp: ServicePort) -> str:
+    """`default/web/http/tcp`: the part of every object name that identifies a service port."""
+    return f"{sp.namespace}/{sp.name}/{sp.portName or sp.port}/{sp.protocol.lower()}"
+
+
+def svc_chain(sp: ServicePort) -> str:
+    return f"svc-{service_key(sp)}"
+
+
+def ext_chain(sp: ServicePort) -> str:
+    return f"ext-{service_key(sp)}"
+
+
+def _ep_key(sp: ServicePort, ep: Endpoint) -> str:
+    return f"{service_key(sp)}/{ep.ip.replace(':', '_')}/{ep.port}"
+
+
+def ep_chain(sp: ServicePort, ep: Endpoint) -> str:
+    return f"ep-{_ep_key(sp, ep)}"
+
+
+def affinity_set(sp: ServicePort, ep: Endpoint) -> str:
+    return f"aff-{_ep_key(sp, ep)}"
+
+
+class _Family:
+    """Syntax that differs between `ip` and `ip6`."""
+
+    def __init__(self, family: Family):
+        self.family = family
+        self.nft = FAMILIES[family]
+        self.ip = "ip" if family == "ipv4" else "ip6"
+        self.addr_type = "ipv4_addr" if family == "ipv4" else "ipv6_addr"
+        self.loopback = "127.0.0.0/8" if family == "ipv4" else "::1"
+
+    def endpoint(self, ep: Endpoint) -> str:
+        return f"[{ep.ip}]:{ep.port}" if self.family == "ipv6" else f"{ep.ip}:{ep.port}"
+
+
+def anon_set(values: Iterable[str]) -> str:
+    """An inline set as nft prints it: sorted, and a lone element without braces."""
+    vals = sorted(set(values), key=_net_key)
+    return vals[0] if len(vals) == 1 else "{ " + ", ".join(vals) + " }"
+
+
+def _net_key(s: str) -> tuple[int, int, int]:
+    net = ipaddress.ip_network(s, strict=False)
+    return (net.version, int(net.network_address), net.prefixlen)
+
+
+def canonical_cidr(c: str) -> str:
+    """nft prints a host prefix (/32, /128) as the bare address."""
+    net = ipaddress.ip_network(c, strict=False)
+    return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
+
+
+def render(desired: DesiredState) -> Ruleset:
+    """The tables that implement `desired` (a family with no services and no options is omitted)."""
+    tables = {}
+    for family in ("ipv4", "ipv6"):
+        table = _render_family(desired, family)  # type: ignore[arg-type]
+        if table is not None:
+            tables[table.ref] = table
+    return Ruleset(tables)
+
+
+def _render_family(desired: DesiredState, family: Family) -> Table | None:
+    fam = _Family(family)
+    opts = desired.families.get(family, FamilyOptions())
+    ports = [(sp, blk) for sp in desired.services if (blk := sp.family(family)) is not None]
+    if not ports:
+        return None
+    b = _Builder(fam, opts, desired.masqueradeAll)
+    for sp, blk in ports:
+        b.service(sp, blk)
+    return b.table()
+
+
+class _Builder:
+    def __init__(self, fam: _Family, opts: FamilyOptions, masquerade_all: bool):
+        self.fam = fam
+        self.opts = opts
+        self.masquerade_all = masquerade_all
+        self.chains: dict[str, Chain] = {}
+        self.sets: dict[str, NftSet] = {}
+        # element maps: key -> (value, comment)
+        self.service_ips: Elements = {}
+        self.nodeports: Elements = {}
+        self.no_ep_services: Elements = {}
+        self.no_ep_nodeports: Elements = {}
+        self.firewall_ips: Elements = {}
+        self.firewall_allow: Elements = {}
+        self.hairpin: Elements = {}
+        self.cluster_ips: Elements = {}
+
+    # -- per service port ------------------------------------------------------------------
+
+    def service(self, sp: ServicePort, blk: ServicePortFamily) -> None:
+        proto = sp.protocol.lower()
+        tag = sp.id[:128]
+        self.cluster_ips[blk.clusterIP] = (None, None)
+        for ep in blk.hairpinEndpoints:
+            self.hairpin[f"{ep.ip} . {ep.ip}"] = (None, None)
+        internal, external = blk.internal, blk.external
+
+        svc_name = svc_chain(sp)
+        if internal.verdict == "forward":
+            rules = [*self._clusterip_masquerade(), *self._select(sp, internal.endpoints, "")]
+            self.chains[svc_name] = Chain(svc_name, tuple(rules))
+            self.service_ips[f"{blk.clusterIP} . {proto} . {sp.port}"] = (f"goto {svc_name}", tag)
+        else:
+            self.no_ep_services[f"{blk.clusterIP} . {proto} . {sp.port}"] = (self._verdict(internal), tag)
+
+        if external is None:
+            return
+        ext_target = self._external_target(sp, blk, internal, external)
+        for ip in (*blk.externalIPs, *blk.loadBalancerIPs):
+            key = f"{ip} . {proto} . {sp.port}"
+            if ext_target:
+                self.service_ips[key] = (f"goto {ext_target}", tag)
+            if external.verdict != "forward":
+                self.no_ep_services[key] = (self._verdict(external), tag)
+        if blk.loadBalancerSourceRanges and external.verdict != "reject":
+            for ip in blk.loadBalancerIPs:
+                self.firewall_ips[f"{ip} . {proto} . {sp.port}"] = (None, tag)
+                for src in blk.loadBalancerSourceRanges:
+                    self.firewall_allow[f"{ip} . {proto} . {sp.port} . {canonical_cidr(src)}"] = (None, tag)
+        if sp.nodePort is not None:
+            key = f"{proto} . {sp.nodePort}"
+            if ext_target:
+                self.nodeports[key] = (f"goto {ext_target}", tag)
+            if external.verdict != "forward":
+                self.no_ep_nodeports[key] = (self._verdict(external), tag)
+
+    def _verdict(self, path: TrafficPath) -> str:
+        return f"goto {REJECT_CHAIN}" if path.verdict == "reject" else "drop"
+
+    def _clusterip_masquerade(self) -> list[str]:
+        if self.masquerade_all:
+            return [f"jump {MARK_MASQ}"]
+        if self.opts.clusterCIDRs:
+            return [f"{self.fam.ip} saddr != @cluster-cidrs jump {MARK_MASQ}"]
+        return []  # no way to tell pods from others: like kube-proxy without a local detector
+
+    def _external_target(self, sp: ServicePort, blk: ServicePortFamily, internal: TrafficPath,
+                         external: TrafficPath) -> str | None:
+        """The chain external traffic enters, or None when nothing is DNATed for it."""
+        if external.verdict == "reject":
+            return None
+        name = ext_chain(sp)
+        rules: list[str] = []
+        if external.policy == "Cluster":
+            rules.append(f"jump {MARK_MASQ}")
+            rules += self._select(sp, external.endpoints, "")
+        else:
+            short = external.shortCircuit
+            if short:
+                if self.opts.clusterCIDRs:
+                    rules += self._select(sp, short, f"{self.fam.ip} saddr @cluster-cidrs ")
+                rules.append(f"fib saddr type local jump {MARK_MASQ}")
+                rules += self._select(sp, short, "fib saddr type local ")
+            if external.verdict == "forward":
+                rules += self._select(sp, external.endpoints, "")
+            if not rules:
+                return None
+        self.chains[name] = Chain(name, tuple(rules))
+        return name
+
+    def _select(self, sp: ServicePort, eps: tuple[Endpoint, ...], match: str) -> list[str]:
+        """Rules that pick one of `eps` (at random, or sticky per client with affinity)."""
+        proto = f"meta l4proto {sp.protocol.lower()}"
+        if sp.affinityTimeoutSeconds is None:
+            if len(eps) == 1:
+                return [f"{match}{proto} dnat to {self.fam.endpoint(eps[0])}"]
+            elems = ", ".join(f"{i} : {ep.ip} . {ep.port}" for i, ep in enumerate(eps))
+            return [f"{match}{proto} dnat {self.fam.ip} to numgen random mod {len(eps)} map {{ {elems} }}"]
+        rules = []
+        for ep in eps:
+            chain, aff = ep_chain(sp, ep), affinity_set(sp, ep)
+            self.sets[aff] = NftSet(aff, self.fam.addr_type, flags=("dynamic", "timeout"),
+                                    timeout=sp.affinityTimeoutSeconds)
+            self.chains[chain] = Chain(chain, (f"update @{aff} {{ {self.fam.ip} saddr }}",
+                                               f"{proto} dnat to {self.fam.endpoint(ep)}"))
+            rules.append(f"{match}{self.fam.ip} saddr @{aff} goto {chain}")
+        if len(eps) == 1:
+            rules.append(f"{match}goto {ep_chain(sp, eps[0])}")
+        else:
+            elems = ", ".join(f"{i} : goto {ep_chain(sp, ep)}" for i, ep in enumerate(eps))
+            rules.append(f"{match}numgen random mod {len(eps)} vmap {{ {elems} }}")
+        return rules
+
+    # -- the shared skeleton ---------------------------------------------------------------
+
+    def table(self) -> Table:
+        f, ip, addr = self.fam, self.fam.ip, self.fam.addr_type
+        svc_key = f"{addr} . inet_proto . inet_service"
+
+        def nset(name: str, key: str, elems: Elements, value: str | None = None,
+                 flags: tuple[str, ...] = ()) -> None:
+            self.sets[name] = NftSet(name, key, value, flags, None, dict(elems))
+
+        nset("service-ips", svc_key, self.service_ips, "verdict")
+        nset("service-nodeports", "inet_proto . inet_service", self.nodeports, "verdict")
+        nset("no-endpoint-services", svc_key, self.no_ep_services, "verdict")
+        nset("no-endpoint-nodeports", "inet_proto . inet_service", self.no_ep_nodeports, "verdict")
+        nset("firewall-ips", svc_key, self.firewall_ips)
+        nset("firewall-allow", f"{svc_key} . {addr}", self.firewall_allow, flags=("interval",))
+        nset("hairpin", f"{addr} . {addr}", self.hairpin)
+        if self.opts.clusterCIDRs:
+            nset("cluster-cidrs", addr, {canonical_cidr(c): (None, None) for c in self.opts.clusterCIDRs}, flags=("interval",))
+
+        nodeport_match = self._nodeport_match()
+        services = [f"{ip} daddr . meta l4proto . th dport vmap @service-ips"]
+        endpoints_check = [f"{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services"]
+        if nodeport_match is not None:
+            services.append(f"{nodeport_match}meta l4proto . th dport vmap @service-nodeports")
+            endpoints_check.append(f"{nodeport_match}meta l4proto . th dport vmap @no-endpoint-nodeports")
+        if self.opts.serviceCIDRs:
+            nset("cluster-ips", addr, self.cluster_ips)
+            endpoints_check.append(f"{ip} daddr @cluster-ips reject")
+            endpoints_check.append(f"{ip} daddr {anon_set(canonical_cidr(c) for c in self.opts.serviceCIDRs)} drop")
+
+        skeleton = {
+            "services": services,
+            "endpoints-check": endpoints_check,
+            "firewall-check": [f"{ip} daddr . meta l4proto . th dport @firewall-ips "
+                               f"{ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow drop"],
+            MARK_MASQ: [f"meta mark set meta mark | 0x{MASQ_BIT:08x}"],
+            "masquerading": [
+                f"ct status dnat {ip} saddr . {ip} daddr @hairpin jump {MARK_MASQ}",
+                f"meta mark & 0x{MASQ_BIT:08x} == 0x00000000 return",
+                f"meta mark set meta mark ^ 0x{MASQ_BIT:08x}",
+                "masquerade fully-random",
+            ],
+            REJECT_CHAIN: ["reject"],
+        }
+        hooks = {
+            "nat-prerouting": ["jump services"],
+            "nat-output": ["jump services"],
+            "nat-postrouting": ["jump masquerading"],
+            "firewall-prerouting": ["ct state new jump firewall-check"],
+            "firewall-output": ["ct state new jump firewall-check"],
+            "filter-input": ["ct state new jump endpoints-check"],
+            "filter-forward": ["ct state new jump endpoints-check"],
+            "filter-output": ["ct state new jump endpoints-check"],
+        }
+        chains = dict(self.chains)
+        for name, rules in skeleton.items():
+            chains[name] = Chain(name, tuple(rules))
+        for name, rules in hooks.items():
+            chains[name] = Chain(name, tuple(rules), _BASE_CHAINS[name])
+        return Table(f.nft, TABLE, chains, dict(self.sets))
+
+    def _nodeport_match(self) -> str | None:
+        ip = self.fam.ip
+        cidrs = self.opts.nodePortCIDRs
+        if cidrs is None:
+            return f"{ip} daddr != {self.fam.loopback} fib daddr type local "
+        if not cidrs:
+            return None
+        return f"{ip} daddr {anon_set(canonical_cidr(c) for c in cidrs)} fib daddr type local "

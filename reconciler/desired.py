@@ -1,0 +1,459 @@
+"""Kubernetes objects -> the canonical DesiredState. Validation and every Service semantic live here."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .sources.objects import InputError, InputErrors, Path, SourceObject
+from .state import (
+    DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, ServicePort,
+    ServicePortFamily, TrafficPath,
+)
+from .topology import EndpointInfo, categorize_endpoints
+
+log = logging.getLogger(__name__)
+
+SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+DEFAULT_AFFINITY_TIMEOUT = 10800
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+_ADDRESS_TYPES = {"IPv4": "ipv4", "IPv6": "ipv6"}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """Node-level inputs to the document (flags or KubeProxyConfiguration)."""
+
+    node_name: str
+    cluster_cidrs: tuple[str, ...] = ()
+    service_cidrs: tuple[str, ...] = ()
+    nodeport_cidrs: tuple[str, ...] | None = None  # None: every local address
+    masquerade_all: bool = False
+    node_labels: dict[str, str] = field(default_factory=dict)  # used when no Node object is given
+
+
+def ip_family(addr: str) -> Family:
+    return "ipv6" if ":" in addr else "ipv4"
+
+
+def _split_cidrs(cidrs: Iterable[str]) -> dict[Family, tuple[str, ...]]:
+    out: dict[Family, list[str]] = {"ipv4": [], "ipv6": []}
+    for c in cidrs:
+        net = ipaddress.ip_network(c, strict=False)
+        out["ipv4" if net.version == 4 else "ipv6"].append(str(net))
+    return {k: tuple(v) for k, v in out.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Field access with precise errors
+
+
+class _Reader:
+    """Typed access to one object's fields; every failure becomes an InputError at file:line."""
+
+    def __init__(self, obj: SourceObject):
+        self.obj = obj
+
+    def error(self, path: Path, msg: str) -> InputError:
+        return InputError(self.obj.where(path), msg, path)
+
+    def get(self, path: Path, default: Any = None) -> Any:
+        node: Any = self.obj.body
+        for part in path:
+            if isinstance(part, int):
+                if not isinstance(node, list) or part >= len(node):
+                    return default
+            elif not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return default if node is None else node
+
+    def typed(self, path: Path, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        v = self.get(path, default)
+        if v is default:
+            return v
+        if isinstance(v, bool) and kind is not bool and (kind is int or (isinstance(kind, tuple) and int in kind)):
+            raise self.error(path, f"expected {_tname(kind)}, got boolean")
+        if not isinstance(v, kind):
+            raise self.error(path, f"expected {_tname(kind)}, got {_tname(type(v))}")
+        return v
+
+    def port(self, path: Path, required: bool = True) -> int | None:
+        v = self.typed(path, int)
+        if v is None:
+            if required:
+                raise self.error(path, "is required")
+            return None
+        if not 1 <= v <= 65535:
+            raise self.error(path, f"port {v} out of range 1-65535")
+        return v
+
+    def ip(self, path: Path) -> str:
+        v = self.typed(path, str)
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise self.error(path, f"invalid IP address {v!r}") from None
+
+    def cidr(self, path: Path) -> str:
+        v = self.typed(path, str)
+        try:
+            return str(ipaddress.ip_network(v.strip(), strict=False))
+        except (ValueError, AttributeError):
+            raise self.error(path, f"invalid CIDR {v!r}") from None
+
+    def enum(self, path: Path, allowed: tuple[str, ...], default: str) -> str:
+        v = self.typed(path, str, default)
+        if v not in allowed:
+            raise self.error(path, f"must be one of {', '.join(allowed)}, got {v!r}")
+        return v
+
+
+def _tname(kind: Any) -> str:
+    names = {int: "integer", str: "string", list: "list", dict: "mapping", bool: "boolean", float: "number"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Services
+
+
+@dataclass(frozen=True)
+class _Port:
+    name: str
+    protocol: str
+    port: int
+    node_port: int | None
+
+
+@dataclass(frozen=True)
+class _Service:
+    namespace: str
+    name: str
+    cluster_ips: dict[Family, str]
+    ports: tuple[_Port, ...]
+    external_ips: dict[Family, tuple[str, ...]]
+    lb_ips: dict[Family, tuple[str, ...]]
+    source_ranges: dict[Family, tuple[str, ...]]
+    affinity_timeout: int | None
+    etp_local: bool
+    itp_local: bool
+    health_check_node_port: int | None
+
+
+def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
+    r = _Reader(obj)
+    labels = r.typed(("metadata", "labels"), dict, {})
+    if labels.get(SERVICE_PROXY_NAME_LABEL):
+        return None  # owned by another proxy, as kube-proxy skips it
+    r.typed(("spec",), dict)
+    svc_type = r.enum(("spec", "type"), ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"), "ClusterIP")
+    if svc_type == "ExternalName":
+        return None
+    ips = r.typed(("spec", "clusterIPs"), list)
+    paths: list[Path]
+    if ips:
+        paths = [("spec", "clusterIPs", i) for i in range(len(ips))]
+    elif r.get(("spec", "clusterIP")) is not None:
+        paths = [("spec", "clusterIP")]
+    else:
+        paths = []
+    if any(r.get(p) == "None" for p in paths):
+        return None  # headless
+    if not paths or r.get(paths[0]) == "":
+        warnings.append(f"{obj.where(('spec',))}: Service {obj.namespace}/{obj.name} has no clusterIP; skipped")
+        return None
+    cluster_ips: dict[Family, str] = {}
+    for p in paths:
+        ip = r.ip(p)
+        fam = ip_family(ip)
+        if fam in cluster_ips:
+            raise r.error(p, f"two clusterIPs of family {fam}")
+        cluster_ips[fam] = ip
+
+    raw_ports = r.typed(("spec", "ports"), list, [])
+    if not raw_ports:
+        raise r.error(("spec", "ports"), "a Service needs at least one port")
+    ports: list[_Port] = []
+    names: dict[tuple[str, str], int] = {}
+    for i in range(len(raw_ports)):
+        base: Path = ("spec", "ports", i)
+        r.typed(base, dict)
+        name = r.typed(base + ("name",), str, "")
+        protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
+        port = r.port(base + ("port",))
+        node_port = r.port(base + ("nodePort",), required=False) if svc_type != "ClusterIP" else None
+        r.typed(base + ("targetPort",), (int, str))
+        if len(raw_ports) > 1 and not name:
+            raise r.error(base + ("name",), "is required when a Service has more than one port")
+        if (name, protocol) in names or (name and any(n == name for n, _ in names)):
+            raise r.error(base + ("name",), f"duplicate port name {name!r}")
+        names[(name, protocol)] = i
+        assert port is not None
+        ports.append(_Port(name, protocol, port, node_port))
+
+    external_ips: dict[Family, list[str]] = defaultdict(list)
+    for i, _ in enumerate(r.typed(("spec", "externalIPs"), list, [])):
+        ip = r.ip(("spec", "externalIPs", i))
+        external_ips[ip_family(ip)].append(ip)
+    lb_ips: dict[Family, list[str]] = defaultdict(list)
+    if svc_type == "LoadBalancer":
+        for i, _ in enumerate(r.typed(("status", "loadBalancer", "ingress"), list, [])):
+            base = ("status", "loadBalancer", "ingress", i)
+            if r.get(base + ("ip",)) is None or r.get(base + ("ipMode",)) == "Proxy":
+                continue  # hostname-only ingress, or the LB proxies itself: nothing to program
+            ip = r.ip(base + ("ip",))
+            lb_ips[ip_family(ip)].append(ip)
+    ranges: dict[Family, list[str]] = defaultdict(list)
+    for i, _ in enumerate(r.typed(("spec", "loadBalancerSourceRanges"), list, [])):
+        c = r.cidr(("spec", "loadBalancerSourceRanges", i))
+        ranges[ip_family(c)].append(c)
+
+    affinity = r.enum(("spec", "sessionAffinity"), ("None", "ClientIP"), "None")
+    timeout = None
+    if affinity == "ClientIP":
+        tpath: Path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
+        timeout = r.typed(tpath, int, DEFAULT_AFFINITY_TIMEOUT)
+        if not 0 < timeout <= 86400:
+            raise r.error(tpath, f"must be 1-86400, got {timeout}")
+    etp = r.get(("spec", "externalTrafficPolicy"), "Cluster")
+    if etp == "Global":
+        etp = "Cluster"
+    if etp not in ("Cluster", "Local"):
+        raise r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}")
+    itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
+    hcnp = r.port(("spec", "healthCheckNodePort"), required=False)
+
+    def frozen(d: dict[Family, list[str]]) -> dict[Family, tuple[str, ...]]:
+        return {k: tuple(sorted(set(v), key=_ip_key)) for k, v in d.items()}
+
+    return _Service(
+        namespace=obj.namespace, name=obj.name, cluster_ips=cluster_ips, ports=tuple(ports),
+        external_ips=frozen(external_ips), lb_ips=frozen(lb_ips), source_ranges=frozen(ranges),
+        affinity_timeout=timeout, etp_local=etp == "Local", itp_local=itp == "Local",
+        health_check_node_port=hcnp if (svc_type == "LoadBalancer" and etp == "Local") else None,
+    )
+
+
+def _ip_key(s: str) -> tuple[int, int, int]:
+    net = ipaddress.ip_network(s, strict=False)
+    return (net.version, int(net.network_address), net.prefixlen)
+
+
+# ---------------------------------------------------------------------------------------------
+# EndpointSlices
+
+
+@dataclass(frozen=True)
+class _Slice:
+    namespace: str
+    service: str
+    family: Family
+    ports: tuple[tuple[str, str, int], ...]  # (name, protocol, port)
+    endpoints: tuple[EndpointInfo, ...]  # with port 0: the port comes from `ports`
+
+
+def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
+    r = _Reader(obj)
+    labels = r.typed(("metadata", "labels"), dict, {})
+    if labels.get(SERVICE_PROXY_NAME_LABEL):
+        return None
+    addr_type = r.enum(("addressType",), ("IPv4", "IPv6", "FQDN"), "")
+    if addr_type == "FQDN":
+        return None
+    service = labels.get(SERVICE_NAME_LABEL)
+    if not service:
+        warnings.append(f"{obj.where(('metadata',))}: EndpointSlice {obj.namespace}/{obj.name} has no "
+                        f"{SERVICE_NAME_LABEL} label; skipped")
+        return None
+    family: Family = _ADDRESS_TYPES[addr_type]  # type: ignore[assignment]
+    ports = []
+    for i, _ in enumerate(r.typed(("ports",), list, [])):
+        base: Path = ("ports", i)
+        name = r.typed(base + ("name",), str, "")
+        protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
+        port = r.port(base + ("port",), required=False)
+        if port is not None:
+            ports.append((name, protocol, port))
+    endpoints = []
+    for i, _ in enumerate(r.typed(("endpoints",), list, [])):
+        base = ("endpoints", i)
+        addrs = r.typed(base + ("addresses",), list, [])
+        if not addrs:
+            raise r.error(base + ("addresses",), "an endpoint needs at least one address")
+        ip = r.ip(base + ("addresses", 0))  # kube-proxy uses the first address only
+        if ip_family(ip) != family:
+            raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
+        cond = base + ("conditions",)
+        ready = r.typed(cond + ("ready",), bool, True)
+        serving = r.typed(cond + ("serving",), bool, ready)
+        terminating = r.typed(cond + ("terminating",), bool, False)
+        zones = r.typed(base + ("hints", "forZones"), list, [])
+        nodes = r.typed(base + ("hints", "forNodes"), list, [])
+        endpoints.append(EndpointInfo(
+            ip=ip, port=0, ready=ready, serving=serving, terminating=terminating,
+            node=r.typed(base + ("nodeName",), str), zone=r.typed(base + ("zone",), str),
+            zoneHints=frozenset(z.get("name") for z in zones if isinstance(z, dict) and z.get("name")),
+            nodeHints=frozenset(n.get("name") for n in nodes if isinstance(n, dict) and n.get("name")),
+        ))
+    return _Slice(obj.namespace, service, family, tuple(ports), tuple(endpoints))
+
+
+# ---------------------------------------------------------------------------------------------
+# Join and decide
+
+
+def _endpoints_for(slices: list[_Slice], port: _Port, family: Family) -> list[EndpointInfo]:
+    """Endpoints of one service port in one family, merged across slices (ready wins on duplicates)."""
+    merged: dict[tuple[str, int], EndpointInfo] = {}
+    for sl in slices:
+        if sl.family != family:
+            continue
+        for name, protocol, number in sl.ports:
+            if name != port.name or protocol != port.protocol:
+                continue
+            for ep in sl.endpoints:
+                key = (ep.ip, number)
+                if key not in merged or (ep.ready and not merged[key].ready):
+                    merged[key] = _with_port(ep, number)
+    return sorted(merged.values(), key=lambda e: (_ip_key(e.ip), e.port))
+
+
+def _with_port(ep: EndpointInfo, port: int) -> EndpointInfo:
+    return EndpointInfo(ep.ip, port, ep.ready, ep.serving, ep.terminating, ep.node, ep.zone,
+                        ep.zoneHints, ep.nodeHints)
+
+
+def _eps(infos: Iterable[EndpointInfo]) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(e.ip, e.port) for e in infos)
+
+
+def _family_block(svc: _Service, port: _Port, family: Family, eps: list[EndpointInfo], node: NodeInfo
+                  ) -> tuple[ServicePortFamily, int]:
+    ext_ips = svc.external_ips.get(family, ())
+    lb_ips = svc.lb_ips.get(family, ())
+    externally_accessible = port.node_port is not None or bool(ext_ips) or bool(lb_ips)
+    etp_local = svc.etp_local and externally_accessible
+    uses_cluster = not svc.itp_local or externally_accessible
+    uses_local = svc.itp_local or etp_local
+    cat = categorize_endpoints(eps, node.name, node.zone, uses_cluster, uses_local)
+
+    if not cat.has_any:
+        internal = TrafficPath("reject")
+    elif svc.itp_local:
+        internal = TrafficPath("forward", _eps(cat.local), "Local") if cat.local else TrafficPath("drop", policy="Local")
+    else:
+        internal = TrafficPath("forward", _eps(cat.cluster)) if cat.cluster else TrafficPath("reject")
+
+    external = None
+    if externally_accessible:
+        policy = "Local" if etp_local else "Cluster"
+        chosen = cat.local if etp_local else cat.cluster
+        short = _eps(cat.cluster) if etp_local else ()
+        if not cat.has_any:
+            external = TrafficPath("reject", policy=policy, shortCircuit=())
+        elif chosen:
+            external = TrafficPath("forward", _eps(chosen), policy, short)
+        else:
+            external = TrafficPath("drop", (), policy, short)
+
+    used = set(internal.endpoints) | (set(external.endpoints) | set(external.shortCircuit) if external else set())
+    # Hairpin (a pod reaching itself through its service) can only start on this node.
+    hairpin = tuple(Endpoint(e.ip, e.port) for e in eps
+                    if Endpoint(e.ip, e.port) in used and (e.node is None or e.node == node.name))
+    block = ServicePortFamily(
+        family=family, clusterIP=svc.cluster_ips[family], internal=internal, external=external,
+        externalIPs=ext_ips, loadBalancerIPs=lb_ips,
+        loadBalancerSourceRanges=svc.source_ranges.get(family, ()) if lb_ips else (),
+        hairpinEndpoints=tuple(sorted(hairpin, key=lambda e: (_ip_key(e.ip), e.port))),
+    )
+    return block, len({e.ip for e in cat.local if e.ready})
+
+
+def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions) -> DesiredState:
+    """Validate and join Services, EndpointSlices and this node's Node into a DesiredState.
+
+    Raises InputErrors listing every invalid object (file:line:column: field: problem).
+    """
+    warnings: list[str] = []
+    errors: list[InputError] = []
+    services: list[_Service] = []
+    slices: dict[tuple[str, str], list[_Slice]] = defaultdict(list)
+    node_labels = dict(opts.node_labels)
+    for obj in sorted(objects, key=lambda o: o.key):
+        try:
+            if obj.kind == "Service":
+                svc = _parse_service(obj, warnings)
+                if svc:
+                    services.append(svc)
+            elif obj.kind == "EndpointSlice":
+                sl = _parse_slice(obj, warnings)
+                if sl:
+                    slices[(sl.namespace, sl.service)].append(sl)
+            elif obj.kind == "Node" and obj.name == opts.node_name:
+                labels = _Reader(obj).typed(("metadata", "labels"), dict, {})
+                node_labels.update({str(k): str(v) for k, v in labels.items()})
+        except InputError as exc:
+            errors.append(exc)
+    if errors:
+        raise InputErrors(errors)
+
+    node = NodeInfo(opts.node_name, node_labels.get(ZONE_LABEL) or None)
+    cluster = _split_cidrs(opts.cluster_cidrs)
+    service_cidrs = _split_cidrs(opts.service_cidrs)
+    nodeport = _split_cidrs(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None
+    families = {
+        f: FamilyOptions(cluster[f], service_cidrs[f], None if nodeport is None else nodeport[f])
+        for f in ("ipv4", "ipv6")
+    }
+
+    ports_out: list[ServicePort] = []
+    health: list[HealthCheck] = []
+    for svc in services:
+        svc_slices = slices.get((svc.namespace, svc.name), [])
+        local_ips: set[int] = set()
+        for port in svc.ports:
+            blocks = []
+            for family in ("ipv4", "ipv6"):
+                if family not in svc.cluster_ips:
+                    continue
+                eps = _endpoints_for(svc_slices, port, family)  # type: ignore[arg-type]
+                block, n_local = _family_block(svc, port, family, eps, node)  # type: ignore[arg-type]
+                blocks.append(block)
+                local_ips.add(n_local)
+            ports_out.append(ServicePort(
+                namespace=svc.namespace, name=svc.name, portName=port.name, protocol=port.protocol,  # type: ignore[arg-type]
+                port=port.port, nodePort=port.node_port, families=tuple(blocks),
+                affinityTimeoutSeconds=svc.affinity_timeout, healthCheckNodePort=svc.health_check_node_port,
+            ))
+        if svc.health_check_node_port is not None:
+            health.append(HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port,
+                                      max(local_ips, default=0)))
+    ports_out.sort(key=lambda s: s.id)
+    _check_port_conflicts(ports_out)
+    return DesiredState(node, opts.masquerade_all, families, tuple(ports_out),
+                        tuple(sorted(health, key=lambda h: h.service)), tuple(warnings))
+
+
+def _check_port_conflicts(ports: list[ServicePort]) -> None:
+    """Two services on one nodePort would make the kernel state ambiguous: refuse."""
+    seen: dict[tuple[str, int], str] = {}
+    errors = []
+    for sp in ports:
+        if sp.nodePort is None:
+            continue
+        key = (sp.protocol, sp.nodePort)
+        if key in seen and seen[key] != sp.id:
+            errors.append(InputError(f"Service {sp.namespace}/{sp.name}",
+                                     f"nodePort {sp.nodePort}/{sp.protocol} already used by {seen[key]}",
+                                     ("spec", "ports")))
+        seen.setdefault(key, sp.id)
+    if errors:
+        raise InputErrors(errors)

@@ -1,0 +1,191 @@
+"""Read a directory of Kubernetes manifests (YAML or JSON) into SourceObjects.
+
+Parsing uses ruamel.yaml's C loader for speed; when an error needs a precise place, the file is
+re-read with the round-trip loader, which knows the line and column of every key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any, Iterable
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from .objects import KINDS, InputError, InputErrors, Location, Path, SourceObject
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".yaml", ".yml", ".json")
+
+# (apiVersion, kind) pairs that we read; everything else is skipped with a warning.
+_ACCEPTED = {
+    ("v1", "Service"),
+    ("discovery.k8s.io/v1", "EndpointSlice"),
+    ("v1", "Node"),
+}
+_IGNORED_QUIETLY = {"List", "ServiceList", "EndpointSliceList", "NodeList"}
+
+
+class _FileLocator:
+    """Lazily re-parses one file with the round-trip loader to answer 'where is this field?'."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._docs: list[Any] | None = None
+
+    def docs(self) -> list[Any]:
+        if self._docs is None:
+            try:
+                with open(self.path, encoding="utf-8") as fh:
+                    self._docs = list(YAML(typ="rt").load_all(fh))
+            except (OSError, YAMLError):
+                self._docs = []
+        return self._docs
+
+    def locate(self, doc_index: int, item_path: Path, path: Path) -> Location:
+        docs = self.docs()
+        if doc_index >= len(docs):
+            return Location(self.path)
+        node = docs[doc_index]
+        line, col = _start(node)
+        for part in tuple(item_path) + tuple(path):
+            try:
+                if hasattr(node, "lc") and isinstance(part, str) and part in node:
+                    line, col = node.lc.key(part)
+                elif hasattr(node, "lc") and isinstance(part, int) and part < len(node):
+                    line, col = node.lc.item(part)
+                else:
+                    break
+                node = node[part]
+            except (KeyError, IndexError, TypeError, AttributeError):
+                break
+        return Location(self.path, line + 1, col + 1)
+
+
+def _start(node: Any) -> tuple[int, int]:
+    lc = getattr(node, "lc", None)
+    if lc is not None and lc.line is not None:
+        return lc.line, lc.col or 0
+    return 0, 0
+
+
+@dataclass
+class LoadResult:
+    objects: list[SourceObject] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def manifest_files(root: str | os.PathLike[str]) -> list[str]:
+    """Every manifest file under root (recursively, sorted, hidden entries skipped)."""
+    root_path = FsPath(root)
+    if root_path.is_file():
+        return [str(root_path)]
+    if not root_path.is_dir():
+        raise InputError(Location(str(root_path)), "no such directory")
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root_path):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for name in sorted(filenames):
+            if not name.startswith(".") and name.endswith(SUFFIXES):
+                out.append(os.path.join(dirpath, name))
+    return out
+
+
+def load_file(path: str) -> LoadResult:
+    """Parse one manifest file into SourceObjects; raises InputError on syntax errors."""
+    result = LoadResult()
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(Location(path), f"cannot read: {exc}") from exc
+    try:
+        if path.endswith(".json"):
+            docs = [json.loads(text)] if text.strip() else []
+        else:
+            docs = list(YAML(typ="safe", pure=False).load_all(text))
+    except json.JSONDecodeError as exc:
+        raise InputError(Location(path, exc.lineno, exc.colno), f"invalid JSON: {exc.msg}") from exc
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        loc = Location(path, mark.line + 1, mark.column + 1) if mark else Location(path)
+        raise InputError(loc, f"invalid YAML: {exc.problem or exc.context}") from exc
+    except YAMLError as exc:
+        raise InputError(Location(path), f"invalid YAML: {exc}") from exc
+
+    locator = _FileLocator(path)
+    for doc_index, doc in enumerate(docs):
+        if doc is None:
+            continue
+        for item_path, obj in _expand(doc):
+            _collect(path, locator, doc_index, item_path, obj, result)
+    return result
+
+
+def _expand(doc: Any) -> Iterable[tuple[Path, Any]]:
+    """Yield (path within the document, object) for a document or a kind: List."""
+    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list):
+        for i, item in enumerate(doc["items"]):
+            yield ("items", i), item
+    else:
+        yield (), doc
+
+
+def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, obj: Any,
+             result: LoadResult) -> None:
+    def locate(p: Path, _ip: Path = item_path) -> Location:
+        return locator.locate(doc_index, _ip, p)
+
+    if not isinstance(obj, dict):
+        raise InputError(locate(()), f"expected a Kubernetes object (a mapping), got {type(obj).__name__}")
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if kind in _IGNORED_QUIETLY:
+        return
+    if (api_version, kind) not in _ACCEPTED:
+        if kind in KINDS:
+            raise InputError(locate(("apiVersion",)), f"unsupported apiVersion {api_version!r} for {kind}",
+                             ("apiVersion",))
+        result.warnings.append(f"{locate(())}: skipping unsupported kind {api_version}/{kind}")
+        return
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
+        raise InputError(locate(("metadata",)), "metadata.name is required", ("metadata", "name"))
+    namespace = "" if kind == "Node" else meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise InputError(locate(("metadata", "namespace")), "must be a string", ("metadata", "namespace"))
+    result.objects.append(SourceObject(kind, namespace, meta["name"], obj, Location(path), locate))
+
+
+def load_directory(root: str | os.PathLike[str]) -> LoadResult:
+    """Load every manifest under root; collects all syntax errors and rejects duplicates."""
+    result = LoadResult()
+    errors: list[InputError] = []
+    for path in manifest_files(root):
+        try:
+            part = load_file(path)
+        except InputError as exc:
+            errors.append(exc)
+            continue
+        result.objects.extend(part.objects)
+        result.warnings.extend(part.warnings)
+    errors.extend(duplicate_errors(result.objects))
+    if errors:
+        raise InputErrors(errors)
+    return result
+
+
+def duplicate_errors(objects: Iterable[SourceObject]) -> list[InputError]:
+    """One error per object defined twice (same kind/namespace/name), naming both places."""
+    seen: dict[tuple[str, str, str], SourceObject] = {}
+    errors = []
+    for obj in objects:
+        first = seen.setdefault(obj.key, obj)
+        if first is not obj:
+            ident = f"{obj.kind} {obj.namespace + '/' if obj.namespace else ''}{obj.name}"
+            errors.append(InputError(obj.where(()), f"duplicate {ident}, first defined at {first.where(())}"))
+    return errors

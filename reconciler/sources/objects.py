@@ -1,0 +1,82 @@
+"""The records every source produces: a Kubernetes object plus where it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+Path = tuple[str | int, ...]
+
+KINDS = ("Service", "EndpointSlice", "Node")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A place in the input: a file with line/column (1-based), or another origin such as 'kubernetes'."""
+
+    origin: str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        if self.line is None:
+            return self.origin
+        if self.column is None:
+            return f"{self.origin}:{self.line}"
+        return f"{self.origin}:{self.line}:{self.column}"
+
+
+def format_path(path: Path) -> str:
+    """('spec', 'ports', 0, 'port') -> 'spec.ports[0].port'."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+@dataclass(frozen=True)
+class SourceObject:
+    """One Kubernetes object (Service, EndpointSlice or Node) as plain JSON-like data.
+
+    `locate(path)` gives the best known input location of a field path (the object's own
+    location when the field has none); sources that cannot tell return `location`.
+    """
+
+    kind: str
+    namespace: str
+    name: str
+    body: Mapping[str, Any]
+    location: Location
+    locate: Callable[[Path], Location] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kind, self.namespace, self.name)
+
+    def where(self, path: Path = ()) -> Location:
+        if self.locate is None:
+            return self.location
+        return self.locate(path)
+
+
+class InputError(Exception):
+    """Bad input, named by place and field: 'state/web.yaml:12:7: spec.ports[0].port: must be 1-65535'."""
+
+    def __init__(self, location: Location | str, message: str, path: Path = ()):
+        self.location = location
+        self.path = path
+        self.message = message
+        where = str(location)
+        field_part = f"{format_path(path)}: " if path else ""
+        super().__init__(f"{where}: {field_part}{message}")
+
+
+class InputErrors(Exception):
+    """Several InputErrors collected from one pass over the input."""
+
+    def __init__(self, errors: list[InputError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))

@@ -1,0 +1,208 @@
+"""The canonical desired-state document: backend-neutral, versioned, deterministic.
+
+Every Kubernetes decision (which endpoints serve which traffic, REJECT vs DROP, masquerade, affinity)
+is made once, when this document is built (see desired.py); backends only render it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+API_VERSION = "reconciler.service-reconciler.io/v1alpha1"
+KIND = "DesiredState"
+
+Family = Literal["ipv4", "ipv6"]
+FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
+Protocol = Literal["TCP", "UDP", "SCTP"]
+Verdict = Literal["forward", "reject", "drop"]
+
+
+@dataclass(frozen=True, order=True)
+class Endpoint:
+    """One backend address the data path may DNAT to."""
+
+    ip: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ip": self.ip, "port": self.port}
+
+
+@dataclass(frozen=True)
+class TrafficPath:
+    """How one kind of traffic (internal = ClusterIP, external = NodePort/externalIP/LB) is handled.
+
+    verdict 'forward' DNATs to `endpoints` (never empty then); 'reject' refuses at once; 'drop' times
+    out. `shortCircuit` (external, policy Local only) is the endpoint list used for traffic that
+    comes from a local pod or from the node itself, which upstream sends to all cluster endpoints.
+    """
+
+    verdict: Verdict
+    endpoints: tuple[Endpoint, ...] = ()
+    policy: Literal["Cluster", "Local"] = "Cluster"
+    shortCircuit: tuple[Endpoint, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "verdict": self.verdict,
+            "policy": self.policy,
+            "endpoints": [e.to_dict() for e in self.endpoints],
+        }
+        if self.policy == "Local":
+            d["shortCircuit"] = [e.to_dict() for e in self.shortCircuit]
+        return d
+
+
+@dataclass(frozen=True)
+class ServicePortFamily:
+    """One service port in one IP family: its addresses and resolved traffic paths."""
+
+    family: Family
+    clusterIP: str
+    internal: TrafficPath
+    external: TrafficPath | None = None
+    externalIPs: tuple[str, ...] = ()
+    loadBalancerIPs: tuple[str, ...] = ()
+    loadBalancerSourceRanges: tuple[str, ...] = ()
+    hairpinEndpoints: tuple[Endpoint, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"clusterIP": self.clusterIP, "internal": self.internal.to_dict()}
+        if self.external is not None:
+            d["external"] = self.external.to_dict()
+        if self.externalIPs:
+            d["externalIPs"] = list(self.externalIPs)
+        if self.loadBalancerIPs:
+            d["loadBalancerIPs"] = list(self.loadBalancerIPs)
+        if self.loadBalancerSourceRanges:
+            d["loadBalancerSourceRanges"] = list(self.loadBalancerSourceRanges)
+        if self.hairpinEndpoints:
+            d["hairpinEndpoints"] = [e.to_dict() for e in self.hairpinEndpoints]
+        return d
+
+
+@dataclass(frozen=True)
+class ServicePort:
+    """One port of one Service: `namespace/name:port/PROTOCOL` (port = the port's name, or its
+    number when unnamed), with a block per IP family it is reachable in."""
+
+    namespace: str
+    name: str
+    portName: str
+    protocol: Protocol
+    port: int
+    nodePort: int | None
+    families: tuple[ServicePortFamily, ...]
+    affinityTimeoutSeconds: int | None = None
+    healthCheckNodePort: int | None = None
+
+    @property
+    def id(self) -> str:
+        return service_port_id(self.namespace, self.name, self.portName, self.port, self.protocol)
+
+    @property
+    def display(self) -> str:
+        """`default/web:http` — how people name a service port."""
+        return f"{self.namespace}/{self.name}:{self.portName or self.port}"
+
+    def family(self, fam: Family) -> ServicePortFamily | None:
+        for f in self.families:
+            if f.family == fam:
+                return f
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "id": self.id,
+            "namespace": self.namespace,
+            "name": self.name,
+            "portName": self.portName,
+            "protocol": self.protocol,
+            "port": self.port,
+        }
+        if self.nodePort is not None:
+            d["nodePort"] = self.nodePort
+        if self.affinityTimeoutSeconds is not None:
+            d["sessionAffinity"] = {"clientIP": {"timeoutSeconds": self.affinityTimeoutSeconds}}
+        if self.healthCheckNodePort is not None:
+            d["healthCheckNodePort"] = self.healthCheckNodePort
+        for f in self.families:
+            d[f.family] = f.to_dict()
+        return d
+
+    def digest(self) -> str:
+        """Content hash: equal digests mean identical rendering for this service port."""
+        return hashlib.blake2b(json.dumps(self.to_dict(), sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def service_port_id(namespace: str, name: str, port_name: str, port: int, protocol: str) -> str:
+    return f"{namespace}/{name}:{port_name or port}/{protocol}"
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """A healthCheckNodePort server: answers 200 while this node has local endpoints."""
+
+    service: str  # namespace/name
+    nodePort: int
+    localEndpoints: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"service": self.service, "nodePort": self.nodePort, "localEndpoints": self.localEndpoints}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    zone: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name}
+        if self.zone:
+            d["zone"] = self.zone
+        return d
+
+
+@dataclass(frozen=True)
+class FamilyOptions:
+    """Per-family node options that every backend applies the same way."""
+
+    clusterCIDRs: tuple[str, ...] = ()
+    serviceCIDRs: tuple[str, ...] = ()
+    # None: NodePorts answer on every local address; otherwise only local addresses in these CIDRs.
+    nodePortCIDRs: tuple[str, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"clusterCIDRs": list(self.clusterCIDRs), "serviceCIDRs": list(self.serviceCIDRs)}
+        d["nodePortAddresses"] = None if self.nodePortCIDRs is None else list(self.nodePortCIDRs)
+        return d
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    node: NodeInfo
+    masqueradeAll: bool
+    families: dict[Family, FamilyOptions]
+    services: tuple[ServicePort, ...]
+    healthChecks: tuple[HealthCheck, ...] = ()
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    def by_id(self) -> dict[str, ServicePort]:
+        return {s.id: s for s in self.services}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "node": self.node.to_dict(),
+            "masqueradeAll": self.masqueradeAll,
+            "families": {f: self.families[f].to_dict() for f in FAMILIES if f in self.families},
+            "services": [s.to_dict() for s in self.services],
+            "healthChecks": [h.to_dict() for h in self.healthChecks],
+        }
