@@ -311,7 +311,7 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
 
 
 def _endpoints_for(slices: list[_Slice], port: _Port, family: Family) -> list[EndpointInfo]:
-    """Endpoints of one service port in one family, merged across slices (ready wins on duplicates)."""
+    """Endpoints of one service port in one family, merged across slices (matched by port name and protocol)."""
     merged: dict[tuple[str, int], EndpointInfo] = {}
     for sl in slices:
         if sl.family != family:
@@ -321,7 +321,7 @@ def _endpoints_for(slices: list[_Slice], port: _Port, family: Family) -> list[En
                 continue
             for ep in sl.endpoints:
                 key = (ep.ip, number)
-                if key not in merged or (ep.ready and not merged[key].ready):
+                if key not in merged or not ep.terminating:  # a non-terminating copy wins, as upstream
                     merged[key] = _with_port(ep, number)
     return sorted(merged.values(), key=lambda e: (_ip_key(e.ip), e.port))
 

@@ -1,0 +1,169 @@
+"""Command line: validate, render, plan, apply, observe, cleanup, run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from . import __version__
+from .backends import get_backend
+from .backends.base import KernelError
+from .config import MODES, Options, load_kube_proxy_config, merge, parse_cidrs, parse_duration
+from .reconcile import apply, load_desired, make_plan
+from .sources.objects import InputError, InputErrors
+
+log = logging.getLogger("reconciler")
+
+EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+
+DESCRIPTION = """\
+Reconcile Kubernetes Services and EndpointSlices into kernel load-balancing state (kube-proxy's job).
+
+Exit codes: 0 success (plan: the kernel already matches), 1 error, 2 (plan only) changes pending.
+"""
+
+
+def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, ...] = ()) -> None:
+    if source:
+        p.add_argument("--source", required=True, metavar="DIR",
+                       help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
+    p.add_argument("--config", metavar="FILE", help="a kube-proxy KubeProxyConfiguration file; flags win over it")
+    p.add_argument("--mode", choices=MODES, help="kernel backend (default: nftables)")
+    p.add_argument("--node-name", help="this node's name (default: the hostname)")
+    p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
+                   help="pod CIDRs; traffic from outside them to a ClusterIP is masqueraded")
+    p.add_argument("--service-cidr", metavar="CIDR[,CIDR]",
+                   help="service CIDRs: unallocated IPs are dropped, unused ports of ClusterIPs rejected")
+    p.add_argument("--nodeport-addresses", metavar="CIDR,...",
+                   help="NodePorts answer only on local addresses in these CIDRs (default: every local address)")
+    p.add_argument("--masquerade-all", action="store_true", default=None,
+                   help="masquerade all traffic to ClusterIPs")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    if output:
+        p.add_argument("-o", "--output", choices=output, default=output[0], help=f"output format (default {output[0]})")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reconciler", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"service-reconciler {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("validate", help="check the manifests: schema and semantics, file:line:column errors")
+    _common(p)
+    p = sub.add_parser("render", help="print the canonical desired-state document")
+    _common(p, output=("yaml", "json"))
+    p = sub.add_parser("plan", help="dry run: what apply would change in the kernel (exit 0 in sync, 2 changes)")
+    _common(p, output=("text", "json"))
+    p = sub.add_parser("apply", help="make the kernel match the desired state, atomically, then verify")
+    _common(p, output=("text", "json"))
+    p = sub.add_parser("observe", help="print what the kernel holds now (our objects only), in our model")
+    _common(p, source=False, output=("yaml", "json"))
+    p = sub.add_parser("cleanup", help="remove every kernel object this tool owns, nothing else")
+    _common(p, source=False)
+    p = sub.add_parser("run", help="reconcile continuously from a directory or the Kubernetes API")
+    _common(p, source=False)
+    p.add_argument("--source", required=True, metavar="DIR|kubernetes",
+                   help="a manifest directory (watched) or 'kubernetes' (list+watch the API)")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: in-cluster)")
+    p.add_argument("--sync-period", metavar="DURATION", help="full resync (kernel re-read) period (default 30s)")
+    p.add_argument("--min-sync-period", metavar="DURATION", help="minimum time between syncs (default 1s)")
+    p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
+    p.add_argument("--metrics-bind-address", metavar="HOST:PORT", help="/metrics (default 127.0.0.1:10249)")
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    return parser
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    opts = Options()
+    if args.config:
+        opts = merge(opts, load_kube_proxy_config(args.config))
+    flags: dict[str, Any] = {
+        "mode": args.mode,
+        "node_name": args.node_name.lower() if args.node_name else None,
+        "cluster_cidrs": parse_cidrs(args.cluster_cidr, "--cluster-cidr") if args.cluster_cidr else None,
+        "service_cidrs": parse_cidrs(args.service_cidr, "--service-cidr") if args.service_cidr else None,
+        "nodeport_cidrs": parse_cidrs(args.nodeport_addresses, "--nodeport-addresses")
+        if args.nodeport_addresses else None,
+        "masquerade_all": args.masquerade_all,
+    }
+    for name, attr in (("sync_period", "sync_period"), ("min_sync_period", "min_sync_period")):
+        value = getattr(args, name, None)
+        if value:
+            flags[attr] = parse_duration(value)
+    for name in ("healthz_bind_address", "metrics_bind_address"):
+        flags[name] = getattr(args, name, None)
+    return merge(opts, flags)
+
+
+def _dump(data: Any, fmt: str) -> None:
+    if fmt == "json":
+        print(json.dumps(data, indent=2))
+    else:
+        from ruamel.yaml import YAML
+        y = YAML(typ="safe", pure=True)
+        y.default_flow_style = False
+        y.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
+        y.dump(data, sys.stdout)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(message)s", stream=sys.stderr)
+    try:
+        return _dispatch(args)
+    except InputErrors as exc:
+        for e in exc.errors:
+            print(f"error: {e}", file=sys.stderr)
+        print(f"{len(exc.errors)} error(s); the kernel was not changed", file=sys.stderr)
+        return EXIT_ERROR
+    except (InputError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except (KernelError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    opts = options_from(args)
+    if args.command == "run":
+        from .daemon import run
+        return run(args, opts)
+    backend = get_backend(opts.mode)
+    if args.command == "validate":
+        desired = load_desired(args.source, opts)
+        print(f"{args.source}: valid ({len(desired.services)} service ports)")
+        return EXIT_OK
+    if args.command == "render":
+        _dump(load_desired(args.source, opts).to_dict(), args.output)
+        return EXIT_OK
+    if args.command == "observe":
+        _dump(backend.model_to_dict(backend.observe()), args.output)
+        return EXIT_OK
+    if args.command == "cleanup":
+        ops = backend.cleanup()
+        backend.apply(ops)
+        print(f"cleanup: removed {len(ops)} object(s) owned by service-reconciler ({opts.mode})")
+        return EXIT_OK
+    desired = load_desired(args.source, opts)
+    planned = make_plan(backend, desired)
+    if args.command == "plan":
+        print(planned.plan.to_json() if args.output == "json" else planned.plan.to_text())
+        return EXIT_OK if planned.plan.empty else EXIT_CHANGES
+    if args.command == "apply":
+        apply(backend, planned)
+        if args.output == "json":
+            print(planned.plan.to_json())
+        else:
+            print(planned.plan.to_text())
+            print("Applied." if not planned.plan.empty else "Nothing to do.")
+        return EXIT_OK
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

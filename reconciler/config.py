@@ -1,0 +1,140 @@
+"""Options from flags and from kube-proxy's own KubeProxyConfiguration file (flags win)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError
+
+from .desired import BuildOptions
+from .sources.objects import InputError, Location
+
+MODES = ("nftables", "iptables")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Go duration syntax as kube-proxy writes it ('30s', '200ms', '1m30s') -> seconds."""
+    s = text.strip()
+    if s == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    for m in _DURATION.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(s) or not s:
+        raise ValueError(f"invalid duration {text!r} (examples: 30s, 200ms, 1m)")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1 and seconds > 0:
+        return f"{round(seconds * 1000)}ms"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+def parse_cidrs(text: str | list[str], what: str) -> tuple[str, ...]:
+    items = text if isinstance(text, list) else [p for p in text.split(",")]
+    out = []
+    for item in items:
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            out.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ValueError(f"{what}: invalid CIDR {item!r}") from None
+    return tuple(out)
+
+
+@dataclass
+class Options:
+    mode: str = "nftables"
+    node_name: str = field(default_factory=lambda: socket.gethostname().lower())
+    cluster_cidrs: tuple[str, ...] = ()
+    service_cidrs: tuple[str, ...] = ()
+    nodeport_cidrs: tuple[str, ...] | None = None
+    masquerade_all: bool = False
+    sync_period: float = 30.0
+    min_sync_period: float = 1.0
+    healthz_bind_address: str = "0.0.0.0:10256"
+    metrics_bind_address: str = "127.0.0.1:10249"
+
+    def build_options(self) -> BuildOptions:
+        return BuildOptions(self.node_name, self.cluster_cidrs, self.service_cidrs, self.nodeport_cidrs,
+                            self.masquerade_all)
+
+
+def load_kube_proxy_config(path: str) -> dict[str, Any]:
+    """The fields of a KubeProxyConfiguration that apply here, as Options keyword arguments."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = YAML(typ="rt").load(fh)
+    except OSError as exc:
+        raise InputError(Location(path), f"cannot read: {exc}") from exc
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise InputError(Location(path, mark.line + 1, mark.column + 1) if mark else Location(path),
+                         f"invalid YAML: {exc.problem}") from exc
+
+    def where(*keys: str) -> Location:
+        node, line, col = doc, 0, 0
+        for k in keys:
+            if hasattr(node, "lc") and isinstance(node, dict) and k in node:
+                line, col = node.lc.key(k)
+                node = node[k]
+        return Location(path, line + 1, col + 1)
+
+    if not isinstance(doc, dict):
+        raise InputError(Location(path, 1, 1), "expected a KubeProxyConfiguration mapping")
+    if doc.get("kind") != "KubeProxyConfiguration" or not str(doc.get("apiVersion", "")).startswith(
+            "kubeproxy.config.k8s.io/"):
+        raise InputError(where("kind"), "expected apiVersion kubeproxy.config.k8s.io/v1alpha1, "
+                                        "kind KubeProxyConfiguration", ("kind",))
+    out: dict[str, Any] = {}
+    mode = doc.get("mode") or ""
+    if mode:
+        if mode not in MODES:
+            raise InputError(where("mode"), f"mode {mode!r} is not supported (use {' or '.join(MODES)})", ("mode",))
+        out["mode"] = mode
+    try:
+        if doc.get("clusterCIDR"):
+            out["cluster_cidrs"] = parse_cidrs(str(doc["clusterCIDR"]), "clusterCIDR")
+        npa = doc.get("nodePortAddresses")
+        if npa:
+            cidrs = [c for c in npa if c != "primary"]
+            out["nodeport_cidrs"] = parse_cidrs(cidrs, "nodePortAddresses") if cidrs else None
+    except ValueError as exc:
+        raise InputError(where("clusterCIDR"), str(exc)) from None
+    if doc.get("hostnameOverride"):
+        out["node_name"] = str(doc["hostnameOverride"]).strip().lower()
+    mode_section = doc.get(out.get("mode", "nftables")) or {}
+    for key, attr in (("masqueradeAll", "masquerade_all"),):
+        value = doc.get(key, mode_section.get(key) if isinstance(mode_section, dict) else None)
+        if value is not None:
+            out[attr] = bool(value)
+    for key, attr in (("syncPeriod", "sync_period"), ("minSyncPeriod", "min_sync_period")):
+        value = doc.get(key) or (mode_section.get(key) if isinstance(mode_section, dict) else None)
+        if value:
+            try:
+                out[attr] = parse_duration(str(value))
+            except ValueError as exc:
+                raise InputError(where(key), str(exc), (key,)) from None
+    for key, attr in (("healthzBindAddress", "healthz_bind_address"), ("metricsBindAddress", "metrics_bind_address")):
+        if doc.get(key):
+            out[attr] = str(doc[key])
+    return out
+
+
+def merge(base: Options, overrides: dict[str, Any]) -> Options:
+    return replace(base, **{k: v for k, v in overrides.items() if v is not None})

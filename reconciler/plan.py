@@ -1,0 +1,121 @@
+"""A plan: what changes per service port (for people), then the kernel operations (for the kernel).
+
+Service-level changes come from deepdiff over the per-service views of the observed and the
+desired kernel models; only the service ports whose views differ are diffed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepdiff import DeepDiff
+
+from .backends.base import Operation
+
+
+@dataclass(frozen=True)
+class ServiceChange:
+    service: str
+    action: str  # + added, - removed, ~ changed
+    details: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"service": self.service, "action": self.action, "changes": list(self.details)}
+
+
+@dataclass
+class Plan:
+    mode: str
+    node: str
+    services: list[ServiceChange] = field(default_factory=list)
+    operations: list[Operation] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.operations
+
+    def summary(self) -> str:
+        counts = {a: sum(1 for s in self.services if s.action == a) for a in "+~-"}
+        if self.empty:
+            return "No changes. The kernel matches the desired state."
+        return (f"Plan: {counts['+']} service ports to add, {counts['~']} to change, {counts['-']} to remove; "
+                f"{len(self.operations)} kernel operations.")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode, "node": self.node, "inSync": self.empty,
+            "services": [s.to_dict() for s in self.services],
+            "operations": [o.to_dict() for o in self.operations],
+            "summary": self.summary(),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def to_text(self, max_operations: int = 200) -> str:
+        lines = [f"service-reconciler plan: mode {self.mode}, node {self.node}", ""]
+        if self.services:
+            lines.append("Service ports:")
+            for s in self.services:
+                lines.append(f"  {s.action} {s.service}")
+                lines += [f"      {d}" for d in s.details]
+            lines.append("")
+        if self.operations:
+            lines.append(f"Kernel operations ({len(self.operations)}):")
+            for op in self.operations[:max_operations]:
+                lines.append(f"  {op.action} {op.text}")
+            if len(self.operations) > max_operations:
+                lines.append(f"  ... {len(self.operations) - max_operations} more (use -o json for all)")
+            lines.append("")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+
+def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]]) -> list[ServiceChange]:
+    """Per service port, what differs between two views ({id: {addresses: [...], endpoints: [...]}})."""
+    out = []
+    for sid in sorted(set(observed) | set(desired)):
+        old, new = observed.get(sid), desired.get(sid)
+        if old == new:
+            continue
+        if old is None:
+            out.append(ServiceChange(sid, "+", _describe(new or {}, "+")))
+        elif new is None:
+            out.append(ServiceChange(sid, "-", _describe(old, "-")))
+        else:
+            out.append(ServiceChange(sid, "~", _changed(old, new)))
+    return out
+
+
+_NOUNS = {"addresses": "address", "endpoints": "endpoint"}
+
+
+def _describe(view: dict[str, Any], sign: str) -> tuple[str, ...]:
+    return tuple(f"{sign} {_NOUNS.get(k, k)} {v}" for k in ("addresses", "endpoints") for v in view.get(k, []))
+
+
+def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
+    dd = DeepDiff(old, new, ignore_order=True, view="tree")
+    added: dict[str, list[str]] = {}
+    removed: dict[str, list[str]] = {}
+    for kind, target, attr in (("iterable_item_added", added, "t2"), ("iterable_item_removed", removed, "t1")):
+        for level in dd.get(kind, []):
+            key = str(level.path(output_format="list")[0])
+            target.setdefault(key, []).append(str(getattr(level, attr)))
+    for level in dd.get("values_changed", []):
+        key = str(level.path(output_format="list")[0])
+        removed.setdefault(key, []).append(str(level.t1))
+        added.setdefault(key, []).append(str(level.t2))
+    lines = []
+    for key in ("addresses", "endpoints"):
+        for v in sorted(removed.get(key, [])):
+            lines.append(f"- {_NOUNS[key]} {v}")
+        for v in sorted(added.get(key, [])):
+            lines.append(f"+ {_NOUNS[key]} {v}")
+    return tuple(lines)
+
+
+def shared_operation_count(ops: list[Operation]) -> int:
+    return sum(1 for o in ops if o.service is None)

@@ -1,0 +1,138 @@
+"""The canonical document: skipping, joining, verdicts (REJECT vs DROP), policies, determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+
+from helpers import HTTP, STATE_DIR, build, endpoint, endpoint_slice, node, service
+
+from reconciler.desired import BuildOptions, build_desired_state
+from reconciler.sources.manifests import load_directory
+
+
+def only(state, sid):
+    return state.by_id()[sid]
+
+
+def test_skips_like_kube_proxy():
+    objs = [
+        service("headless", "None", HTTP),
+        service("ext", "", HTTP, type="ExternalName", externalName="x.example"),
+        service("other", "10.96.0.3", HTTP),
+        service("ok", "10.96.0.4", HTTP),
+    ]
+    objs[2].body["metadata"]["labels"] = {"service.kubernetes.io/service-proxy-name": "someone-else"}
+    state = build(objs)
+    assert [s.id for s in state.services] == ["default/ok:http/TCP"]
+
+
+def test_no_endpoints_rejects_everywhere():
+    state = build([service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort")])
+    blk = only(state, "default/web:http/TCP").family("ipv4")
+    assert blk.internal.verdict == "reject" and blk.external.verdict == "reject"
+
+
+def test_slices_joined_by_label_and_port_name():
+    objs = [
+        service("web", "10.96.0.1", HTTP),
+        endpoint_slice("web", [endpoint("10.244.1.5")], name="web-1"),
+        endpoint_slice("web", [endpoint("10.244.2.5", node="node-b")], name="web-2"),
+        endpoint_slice("web", [endpoint("10.244.3.5")], port_name="metrics", name="web-3"),
+        endpoint_slice("other", [endpoint("10.244.4.5")], name="other-1"),
+    ]
+    blk = only(build(objs), "default/web:http/TCP").family("ipv4")
+    assert [str(e) for e in blk.internal.endpoints] == ["10.244.1.5:8080", "10.244.2.5:8080"]
+    assert [str(e) for e in blk.hairpinEndpoints] == ["10.244.1.5:8080"]
+
+
+def test_itp_local_without_local_endpoints_drops():
+    objs = [service("web", "10.96.0.1", HTTP, internalTrafficPolicy="Local"),
+            endpoint_slice("web", [endpoint("10.244.2.5", node="node-b")])]
+    blk = only(build(objs), "default/web:http/TCP").family("ipv4")
+    assert blk.internal.verdict == "drop"
+
+
+def test_etp_local_external_uses_local_and_short_circuits_to_cluster():
+    objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort",
+                    externalTrafficPolicy="Local"),
+            endpoint_slice("web", [endpoint("10.244.1.5"), endpoint("10.244.2.5", node="node-b")])]
+    blk = only(build(objs), "default/web:http/TCP").family("ipv4")
+    assert blk.internal.verdict == "forward" and len(blk.internal.endpoints) == 2
+    assert blk.external.policy == "Local"
+    assert [str(e) for e in blk.external.endpoints] == ["10.244.1.5:8080"]
+    assert len(blk.external.shortCircuit) == 2
+
+
+def test_etp_local_without_local_endpoints_drops_external_only():
+    objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort",
+                    externalTrafficPolicy="Local"),
+            endpoint_slice("web", [endpoint("10.244.2.5", node="node-b")])]
+    blk = only(build(objs), "default/web:http/TCP").family("ipv4")
+    assert blk.internal.verdict == "forward"
+    assert blk.external.verdict == "drop" and len(blk.external.shortCircuit) == 1
+
+
+def test_health_check_node_port_counts_local_ready():
+    objs = [service("lb", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="LoadBalancer",
+                    externalTrafficPolicy="Local", healthCheckNodePort=32000),
+            endpoint_slice("lb", [endpoint("10.244.1.5"), endpoint("10.244.1.6"),
+                                  endpoint("10.244.2.5", node="node-b")])]
+    state = build(objs)
+    assert [h.to_dict() for h in state.healthChecks] == [
+        {"service": "default/lb", "nodePort": 32000, "localEndpoints": 2}]
+
+
+def test_dual_stack_and_sctp_ports():
+    ports = [{"name": "a", "port": 5000, "protocol": "TCP"}, {"name": "b", "port": 5000, "protocol": "SCTP"}]
+    objs = [service("d", "10.96.0.1", ports, clusterIPs=["10.96.0.1", "fd00:96::1"]),
+            endpoint_slice("d", [endpoint("fd00:244:1::5")], port=5000, port_name="b", family="IPv6",
+                           protocol="SCTP")]
+    state = build(objs)
+    assert sorted(state.by_id()) == ["default/d:a/TCP", "default/d:b/SCTP"]
+    sctp = only(state, "default/d:b/SCTP")
+    assert sctp.family("ipv4").internal.verdict == "reject"
+    assert [str(e) for e in sctp.family("ipv6").internal.endpoints] == ["[fd00:244:1::5]:5000"]
+
+
+def test_topology_uses_node_zone_label():
+    objs = [node(zone="zone-a"), service("web", "10.96.0.1", HTTP),
+            endpoint_slice("web", [endpoint("10.244.1.5", hints=["zone-a"]),
+                                   endpoint("10.244.2.5", node="node-b", hints=["zone-b"])])]
+    blk = only(build(objs), "default/web:http/TCP").family("ipv4")
+    assert [e.ip for e in blk.internal.endpoints] == ["10.244.1.5"]
+    objs[0] = node(zone="zone-c")
+    blk = only(build(objs), "default/web:http/TCP").family("ipv4")
+    assert len(blk.internal.endpoints) == 2
+
+
+def test_document_is_deterministic_whatever_the_file_order(tmp_path):
+    opts = BuildOptions("node-a", ("10.244.0.0/16",))
+    first = json.dumps(build_desired_state(load_directory(STATE_DIR).objects, opts).to_dict())
+    # Same manifests, other file names and order: one file per document, shuffled.
+    docs = []
+    for root, _, files in os.walk(STATE_DIR):
+        for f in files:
+            docs += open(os.path.join(root, f)).read().split("\n---\n")
+    random.Random(7).shuffle(docs)
+    for i, d in enumerate(docs):
+        (tmp_path / f"{len(docs) - i:03d}.yaml").write_text(d)
+    second = json.dumps(build_desired_state(load_directory(tmp_path).objects, opts).to_dict())
+    assert first == second
+    shutil.rmtree(tmp_path)
+
+
+def test_document_validates_against_schema():
+    import jsonschema
+    schema = json.load(open(os.path.join(os.path.dirname(STATE_DIR), "schemas", "desired-state.schema.json")))
+    doc = build_desired_state(load_directory(STATE_DIR).objects, BuildOptions("node-a", ("10.244.0.0/16",))).to_dict()
+    jsonschema.validate(doc, schema)
+    doc["services"][0]["ipv4"]["internal"]["verdict"] = "maybe"
+    try:
+        jsonschema.validate(doc, schema)
+    except jsonschema.ValidationError:
+        pass
+    else:
+        raise AssertionError("schema accepted an invalid verdict")

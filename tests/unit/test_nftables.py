@@ -1,0 +1,127 @@
+"""nftables backend: render, parse of recorded `nft -j` output, minimal diffs, plan output."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jsonschema
+from helpers import HTTP, REPO, STATE_DIR, build, endpoint, endpoint_slice, service
+
+from reconciler.backends.nftables.diff import diff, script
+from reconciler.backends.nftables.objects import Ruleset
+from reconciler.backends.nftables.observe import parse_table
+from reconciler.backends.nftables.render import render
+from reconciler.desired import BuildOptions, build_desired_state
+from reconciler.plan import Plan, service_changes
+from reconciler.backends.nftables.backend import service_view
+from reconciler.sources.manifests import load_directory
+
+DATA = os.path.join(REPO, "tests", "data", "nftables")
+
+
+def example_state():
+    opts = BuildOptions("node-a", ("10.244.0.0/16", "fd00:244::/48"), ("10.96.0.0/16", "fd00:96::/112"))
+    return build_desired_state(load_directory(STATE_DIR).objects, opts)
+
+
+def recorded() -> Ruleset:
+    tables = {}
+    for fam in ("ip", "ip6"):
+        with open(os.path.join(DATA, f"state-example-{fam}.json")) as fh:
+            t = parse_table(json.load(fh), fam, "reconciler")
+        tables[t.ref] = t
+    return Ruleset(tables)
+
+
+def test_recorded_kernel_output_parses_back_to_the_rendered_model():
+    # Recorded with `nft -j list table` after `reconciler apply` of state/ (see README, "Tests").
+    want = render(example_state())
+    have = recorded()
+    assert set(want.tables) == {"ip reconciler", "ip6 reconciler"}
+    for ref in want.tables:
+        assert want.tables[ref].chains == have.tables[ref].chains
+        assert want.tables[ref].sets == have.tables[ref].sets
+    assert diff(want, have) == []
+
+
+def test_rule_text_matches_nft_listing():
+    have = recorded().tables["ip reconciler"]
+    assert have.chains["svc-default/web/http/tcp"].rules == (
+        "ip saddr != @cluster-cidrs jump mark-for-masquerade",
+        "meta l4proto tcp dnat ip to numgen random mod 3 map "
+        "{ 0 : 10.244.1.5 . 8080, 1 : 10.244.2.7 . 8080, 2 : 10.244.3.4 . 8080 }",
+    )
+    assert have.chains["masquerading"].rules[1] == "meta mark & 0x00004000 == 0x00000000 return"
+    no_ep = have.sets["no-endpoint-services"].elements
+    assert no_ep["10.96.30.9 . tcp . 9090"] == ("goto reject-chain", "monitoring/prometheus:web/TCP")
+    v6 = recorded().tables["ip6 reconciler"]
+    assert any("dnat to [fd00:244:1::20]:8443" in r for r in v6.chains["ext-shop/frontend/https/tcp"].rules)
+
+
+def test_unknown_expressions_are_drift_not_crashes():
+    doc = {"nftables": [
+        {"chain": {"family": "ip", "table": "reconciler", "name": "services", "handle": 1}},
+        {"rule": {"family": "ip", "table": "reconciler", "chain": "services", "handle": 2,
+                  "expr": [{"counter": {"packets": 0, "bytes": 0}}, {"accept": None}]}},
+    ]}
+    t = parse_table(doc, "ip", "reconciler")
+    assert t.chains["services"].rules[0].startswith("<unparsed")
+
+
+def many_services(n: int, changed: int | None = None):
+    objs = []
+    for i in range(n):
+        name = f"svc{i}"
+        objs.append(service(name, f"10.96.{i // 250}.{i % 250 + 1}", HTTP))
+        eps = [endpoint(f"10.244.{i // 250}.{j + 10}", node="node-b") for j in range(3)]
+        if changed == i:
+            eps[1] = endpoint("10.244.99.99", node="node-b")
+        objs.append(endpoint_slice(name, eps))
+    return build(objs)
+
+
+def test_one_endpoint_change_touches_only_that_service():
+    before = render(many_services(300))
+    after = render(many_services(300, changed=42))
+    ops = diff(after, before)
+    assert {op.service for op in ops} == {"default/svc42:http/TCP"}
+    # flush the service chain, re-add its two rules (masquerade check + dnat)
+    assert [op.text.split(" ")[0:2] for op in ops] == [["flush", "chain"], ["add", "rule"], ["add", "rule"]]
+    assert len(ops) == 3
+    assert "10.244.99.99 . 8080" in ops[-1].text
+
+
+def test_removed_service_removes_its_objects_in_safe_order():
+    before = render(many_services(3))
+    after = render(many_services(2))
+    ops = diff(after, before)
+    texts = [o.text for o in ops]
+    elem = next(i for i, t in enumerate(texts) if t.startswith("delete element ip reconciler service-ips"))
+    chain = texts.index("delete chain ip reconciler svc-default/svc2/http/tcp")
+    assert texts.index("flush chain ip reconciler svc-default/svc2/http/tcp") < elem < chain
+    assert {o.service for o in ops} == {"default/svc2:http/TCP"}
+
+
+def test_plan_reads_in_service_terms_and_json_matches_schema():
+    before = render(many_services(5))
+    after = render(many_services(5, changed=3))
+    plan = Plan("nftables", "node-a", service_changes(service_view(before), service_view(after)), diff(after, before))
+    text = plan.to_text()
+    assert "~ default/svc3:http/TCP" in text
+    assert "- endpoint 10.244.0.11:8080" in text and "+ endpoint 10.244.99.99:8080" in text
+    assert text.strip().endswith("Plan: 0 service ports to add, 1 to change, 0 to remove; 3 kernel operations.")
+    with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
+        jsonschema.validate(json.loads(plan.to_json()), json.load(fh))
+
+
+def test_script_batches_elements_and_is_one_transaction_text():
+    ops = diff(render(many_services(4)), Ruleset())
+    text = script(ops)
+    assert text.count("add element ip reconciler service-ips") == 1
+    assert text.splitlines()[0] == "add table ip reconciler"
+
+
+def test_observed_model_matches_schema():
+    with open(os.path.join(REPO, "schemas", "nftables-model.schema.json")) as fh:
+        jsonschema.validate(recorded().to_dict(), json.load(fh))
