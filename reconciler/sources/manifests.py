@@ -108,7 +108,12 @@ def load_file(path: str) -> LoadResult:
         if path.endswith(".json"):
             docs = [json.loads(text)] if text.strip() else []
         else:
-            docs = list(YAML(typ="safe", pure=False).load_all(text))
+            try:
+                docs = list(YAML(typ="safe", pure=False).load_all(text))
+            except YAMLError:
+                # libyaml speaks YAML 1.1 (e.g. no ':' inside flow scalars such as [fd00::1]); the
+                # pure loader is YAML 1.2 and has the final word, with precise error marks.
+                docs = list(YAML(typ="safe", pure=True).load_all(text))
     except json.JSONDecodeError as exc:
         raise InputError(Location(path, exc.lineno, exc.colno), f"invalid JSON: {exc.msg}") from exc
     except MarkedYAMLError as exc:

@@ -1,0 +1,363 @@
+"""Kubernetes API source: list+watch informers for Services, EndpointSlices and this Node.
+
+Each resource runs its own informer thread (like client-go's reflector): a paginated
+list, then a watch from the list's resourceVersion with bookmarks. A 410 Gone (HTTP or
+ERROR event) relists and replaces that resource's cache; connection errors reconnect
+with capped exponential backoff and re-watch from the last resourceVersion seen.
+All HTTP goes through the official client's REST layer (`_preload_content=False`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import kubernetes.client
+import kubernetes.config
+from kubernetes.client.exceptions import ApiException
+
+from .objects import KINDS, Location, SourceObject
+
+log = logging.getLogger(__name__)
+
+# kube-proxy's informer selector (cmd/kube-proxy/app/server.go: labels.NewSelector().Add(
+# noProxyName, noHeadlessEndpoints).String(), requirements sorted by key).
+PROXY_LABEL_SELECTOR = "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name"
+
+Key = tuple[str, str]
+
+
+class _Gone(Exception):
+    """The resourceVersion (or continue token) is too old: relist."""
+
+
+class _ShortWatch(Exception):
+    """The watch closed at once without any event; treated as an error (client-go does too)."""
+
+
+@dataclass
+class _Informer:
+    kind: str
+    api_version: str
+    call: Callable[..., Any]
+    label_selector: str | None = None
+    field_selector: str | None = None
+    cache: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    resource_version: str = ""
+    synced: bool = False
+    thread: threading.Thread | None = None
+
+
+def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
+    """ApiClient from the in-cluster service account (None) or from a kubeconfig file."""
+    cfg = kubernetes.client.Configuration()
+    if kubeconfig is None:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+    else:
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return kubernetes.client.ApiClient(cfg)
+
+
+class KubernetesSource:
+    """Informer-style cache of Services, EndpointSlices and the named Node; thread-safe.
+
+    `on_change` is called (from a worker thread, never concurrently with itself) once when
+    every initial list has completed, then after each cache change.
+    """
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        node_name: str,
+        on_change: Callable[[], None] | None = None,
+        backoff_max: float = 30.0,
+        *,
+        backoff_initial: float = 0.8,
+        page_size: int = 500,
+        watch_timeout: int = 300,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        core = kubernetes.client.CoreV1Api(api_client)
+        discovery = kubernetes.client.DiscoveryV1Api(api_client)
+        self._informers = [
+            _Informer("Service", "v1", core.list_service_for_all_namespaces, PROXY_LABEL_SELECTOR),
+            _Informer(
+                "EndpointSlice",
+                "discovery.k8s.io/v1",
+                discovery.list_endpoint_slice_for_all_namespaces,
+                PROXY_LABEL_SELECTOR,
+            ),
+            _Informer("Node", "v1", core.list_node, field_selector=f"metadata.name={node_name}"),
+        ]
+        self._on_change = on_change
+        self._backoff_initial = min(backoff_initial, backoff_max)
+        self._backoff_max = backoff_max
+        self._page_size = page_size
+        self._watch_timeout = watch_timeout
+        self._connect_timeout = connect_timeout
+        self._lock = threading.Lock()
+        self._notify_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._streams: set[Any] = set()
+        self._started = False
+        self._counters: dict[str, int] = dict.fromkeys(
+            ("events", "bookmarks", "lists", "relists", "errors"), 0
+        )
+
+    # -- public API ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start one informer thread per resource."""
+        with self._lock:
+            if self._started:
+                raise RuntimeError("KubernetesSource already started")
+            self._started = True
+        for inf in self._informers:
+            inf.thread = threading.Thread(
+                target=self._run, args=(inf,), name=f"k8s-informer-{inf.kind}", daemon=True
+            )
+            inf.thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the informers: abort open watch streams and join the threads (bounded)."""
+        self._stop.set()
+        with self._lock:
+            streams = list(self._streams)
+        for resp in streams:
+            _abort(resp)
+        deadline = time.monotonic() + timeout
+        for inf in self._informers:
+            if inf.thread is not None:
+                inf.thread.join(max(0.0, deadline - time.monotonic()))
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        """True once every initial list (services, endpointslices, node) has completed."""
+        return self._synced.wait(timeout)
+
+    def snapshot(self) -> list[SourceObject]:
+        """A consistent deep copy of the whole cache, ordered by kind, namespace, name."""
+        with self._lock:
+            items = [
+                (inf.kind, key, copy.deepcopy(body))
+                for inf in self._informers
+                for key, body in inf.cache.items()
+            ]
+        items.sort(key=lambda t: (KINDS.index(t[0]), t[1]))
+        return [
+            SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
+            for kind, (ns, name), body in items
+        ]
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Copy of the metrics counters: events, bookmarks, lists, relists, errors."""
+        with self._lock:
+            return dict(self._counters)
+
+    def resource_version(self, kind: str) -> str:
+        """Last resourceVersion seen for `kind` (from a list, event or bookmark)."""
+        with self._lock:
+            return self._informer(kind).resource_version
+
+    # -- informer loop ---------------------------------------------------------------
+
+    def _informer(self, kind: str) -> _Informer:
+        for inf in self._informers:
+            if inf.kind == kind:
+                return inf
+        raise KeyError(kind)
+
+    def _run(self, inf: _Informer) -> None:
+        need_list = True
+        failures = 0
+        while not self._stop.is_set():
+            progressed = [False]
+            try:
+                if need_list:
+                    self._list(inf)
+                    need_list = False
+                    failures = 0
+                self._watch(inf, progressed)
+                failures = 0
+            except _Gone:
+                if self._stop.is_set():
+                    break
+                log.info("%s: resourceVersion %s too old, relisting", inf.kind, inf.resource_version)
+                if not need_list:
+                    need_list = True
+                    continue  # relist right away; a 410 from the list itself backs off below
+                failures = self._error(inf, "list expired", failures)
+            except Exception as exc:  # noqa: BLE001 - any failure: back off and retry
+                if self._stop.is_set():
+                    break
+                failures = self._error(inf, exc, 0 if progressed[0] else failures)
+
+    def _error(self, inf: _Informer, exc: object, failures: int) -> int:
+        with self._lock:
+            self._counters["errors"] += 1
+        delay = min(self._backoff_max, self._backoff_initial * 2**failures)
+        delay *= random.uniform(0.8, 1.0)
+        log.warning("%s informer: %s; retrying in %.2fs", inf.kind, exc, delay)
+        self._stop.wait(delay)
+        return failures + 1
+
+    def _request(self, inf: _Informer, read_timeout: float, **params: Any) -> Any:
+        if inf.label_selector:
+            params["label_selector"] = inf.label_selector
+        if inf.field_selector:
+            params["field_selector"] = inf.field_selector
+        try:
+            return inf.call(
+                _preload_content=False,
+                _request_timeout=(self._connect_timeout, read_timeout),
+                **params,
+            )
+        except ApiException as exc:
+            if exc.status == 410:
+                raise _Gone(str(exc)) from exc
+            raise
+
+    def _list(self, inf: _Informer) -> None:
+        items: dict[Key, dict[str, Any]] = {}
+        params: dict[str, Any] = {"limit": self._page_size}
+        while True:
+            resp = self._request(inf, 60.0, **params)
+            try:
+                data = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            for obj in data.get("items") or []:
+                body = self._normalize(inf, obj)
+                items[_key(body)] = body
+            meta = data.get("metadata") or {}
+            if not meta.get("continue"):
+                break
+            params["_continue"] = meta["continue"]
+        self._replace(inf, items, str(meta.get("resourceVersion", "")))
+
+    def _watch(self, inf: _Informer, progressed: list[bool]) -> None:
+        with self._lock:
+            rv = inf.resource_version
+        started = time.monotonic()
+        resp = self._request(
+            inf,
+            self._watch_timeout + 30.0,
+            watch=True,
+            resource_version=rv,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self._watch_timeout,
+        )
+        with self._lock:
+            self._streams.add(resp)
+        clean = False
+        try:
+            if self._stop.is_set():
+                return
+            for line in _lines(resp):
+                if self._stop.is_set():
+                    return
+                if line.strip():
+                    self._handle(inf, json.loads(line))
+                    progressed[0] = True
+            clean = True
+        finally:
+            with self._lock:
+                self._streams.discard(resp)
+            if not clean:
+                resp.close()  # don't reuse a half-read connection
+            resp.release_conn()
+        if not progressed[0] and time.monotonic() - started < 1.0:
+            raise _ShortWatch(f"{inf.kind} watch closed immediately without events")
+
+    def _handle(self, inf: _Informer, event: dict[str, Any]) -> None:
+        etype = event.get("type")
+        obj = event.get("object") or {}
+        if etype == "ERROR":
+            if obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone"):
+                raise _Gone(obj.get("message", "410 Gone"))
+            raise RuntimeError(f"watch error: {obj.get('code')} {obj.get('message')}")
+        rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        if etype == "BOOKMARK":
+            with self._lock:
+                self._counters["bookmarks"] += 1
+                if rv:
+                    inf.resource_version = rv
+            return
+        if etype not in ("ADDED", "MODIFIED", "DELETED"):
+            raise RuntimeError(f"unexpected watch event type {etype!r}")
+        body = self._normalize(inf, obj)
+        key = _key(body)
+        with self._lock:
+            self._counters["events"] += 1
+            if rv:
+                inf.resource_version = rv
+            if etype == "DELETED":
+                changed = inf.cache.pop(key, None) is not None
+            else:
+                changed = inf.cache.get(key) != body
+                inf.cache[key] = body
+            notify = changed and self._synced.is_set()
+        if notify:
+            self._notify()
+
+    def _replace(self, inf: _Informer, items: dict[Key, dict[str, Any]], rv: str) -> None:
+        with self._lock:
+            self._counters["lists"] += 1
+            if inf.synced:
+                self._counters["relists"] += 1
+            changed = inf.cache != items
+            inf.cache = items
+            inf.resource_version = rv
+            inf.synced = True
+            first_sync = not self._synced.is_set() and all(i.synced for i in self._informers)
+            if first_sync:
+                self._synced.set()
+            notify = first_sync or (changed and self._synced.is_set())
+        if notify:
+            self._notify()
+
+    def _notify(self) -> None:
+        if self._on_change is None:
+            return
+        with self._notify_lock:
+            try:
+                self._on_change()
+            except Exception:  # noqa: BLE001 - a bad callback must not kill the informer
+                log.exception("on_change callback failed")
+
+    @staticmethod
+    def _normalize(inf: _Informer, obj: dict[str, Any]) -> dict[str, Any]:
+        """List items lack apiVersion/kind; add them like `kubectl get -o json` does."""
+        return {"apiVersion": inf.api_version, "kind": inf.kind, **obj}
+
+
+def _key(body: dict[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return (meta.get("namespace") or "", meta.get("name") or "")
+
+
+def _lines(resp: Any) -> Iterator[str]:
+    """Split a streamed (chunked) watch response into JSON lines."""
+    buf = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if buf.strip():
+        yield buf.decode("utf-8", errors="replace")
+
+
+def _abort(resp: Any) -> None:
+    """Interrupt a blocking read on a streaming urllib3 response from another thread."""
+    try:
+        resp.shutdown()
+    except Exception:  # noqa: BLE001 - already released or closed
+        pass

@@ -1,0 +1,352 @@
+"""KubernetesSource against tests/fakeapi.py: real HTTP through the official client."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import kubernetes.client
+import pytest
+from kubernetes.config import incluster_config
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from reconciler.sources import kubernetes as k8s_source  # noqa: E402
+from reconciler.sources.kubernetes import (  # noqa: E402
+    PROXY_LABEL_SELECTOR,
+    KubernetesSource,
+    load_api_client,
+)
+from tests.fakeapi import FakeAPIServer, endpoint_slice, node, service  # noqa: E402
+
+NODE = "node-a"
+PROXY_NAME = {"service.kubernetes.io/service-proxy-name": "other-proxy"}
+HEADLESS = {"service.kubernetes.io/headless": ""}
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.02)
+    return pred()
+
+
+def names(src: KubernetesSource, kind: str) -> set[str]:
+    return {o.name for o in src.snapshot() if o.kind == kind}
+
+
+def body(src: KubernetesSource, kind: str, name: str) -> dict[str, Any] | None:
+    return next((dict(o.body) for o in src.snapshot() if o.kind == kind and o.name == name), None)
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.n = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.n += 1
+
+
+@pytest.fixture
+def server() -> Iterator[FakeAPIServer]:
+    srv = FakeAPIServer(bookmark_interval=0.1).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def make_source() -> Iterator[Callable[..., KubernetesSource]]:
+    started: list[KubernetesSource] = []
+
+    def make(srv: FakeAPIServer, start: bool = True, **kw: Any) -> KubernetesSource:
+        kw.setdefault("backoff_max", 0.3)
+        kw.setdefault("backoff_initial", 0.05)
+        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=srv.url))
+        src = KubernetesSource(api, NODE, **kw)
+        started.append(src)
+        if start:
+            src.start()
+        return src
+
+    yield make
+    for src in started:
+        src.stop()
+
+
+def populate(srv: FakeAPIServer) -> None:
+    for name in ("a", "b", "c"):
+        srv.create(service(name))
+        srv.create(endpoint_slice(f"{name}-x1", name, ["10.0.0.1"]))
+    srv.create(node(NODE, {"topology.kubernetes.io/zone": "zone-1"}))
+    srv.create(node("node-b"))
+
+
+# -- initial sync ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("held", ["Service", "EndpointSlice", "Node"])
+def test_wait_synced_needs_every_initial_list(server: FakeAPIServer, make_source: Any, held: str) -> None:
+    populate(server)
+    server.hold_lists(held)
+    calls = Calls()
+    src = make_source(server, on_change=calls)
+    assert not src.wait_synced(0.4)
+    assert calls.n == 0
+    assert held not in {o.kind for o in src.snapshot()}
+    server.release_lists(held)
+    assert src.wait_synced(3)
+    assert {o.kind for o in src.snapshot()} == {"Service", "EndpointSlice", "Node"}
+    assert wait_until(lambda: calls.n == 1)  # exactly once for the initial sync
+    time.sleep(0.3)
+    assert calls.n == 1
+
+
+def test_snapshot_objects_are_plain_api_json(server: FakeAPIServer, make_source: Any) -> None:
+    populate(server)
+    src = make_source(server)
+    assert src.wait_synced(3)
+    objs = src.snapshot()
+    assert [o.kind for o in objs] == ["Service"] * 3 + ["EndpointSlice"] * 3 + ["Node"]
+    svc = next(o for o in objs if o.kind == "Service" and o.name == "a")
+    assert svc.namespace == "default"
+    assert str(svc.location) == "kubernetes:Service/default/a"
+    assert svc.body["apiVersion"] == "v1" and svc.body["kind"] == "Service"
+    assert svc.body["spec"]["clusterIP"] == "10.96.0.10"  # camelCase, as on the wire
+    eps = next(o for o in objs if o.kind == "EndpointSlice")
+    assert eps.body["apiVersion"] == "discovery.k8s.io/v1" and eps.body["addressType"] == "IPv4"
+    svc.body["spec"]["clusterIP"] = "mutated"  # type: ignore[index]
+    assert body(src, "Service", "a")["spec"]["clusterIP"] == "10.96.0.10"  # type: ignore[index]
+
+
+def test_pagination_uses_limit_and_continue(server: FakeAPIServer, make_source: Any) -> None:
+    for i in range(7):
+        server.create(service(f"svc-{i}"))
+    src = make_source(server, page_size=3)
+    assert src.wait_synced(3)
+    assert names(src, "Service") == {f"svc-{i}" for i in range(7)}
+    reqs = server.list_requests("Service")
+    assert [r.get("limit") for r in reqs] == ["3", "3", "3"]
+    assert "continue" not in reqs[0] and all(r.get("continue") for r in reqs[1:])
+    assert src.resource_version("Service") == str(server.resource_version)
+
+
+# -- watch -------------------------------------------------------------------------------
+
+
+def test_updates_and_deletes_reach_the_snapshot(server: FakeAPIServer, make_source: Any) -> None:
+    populate(server)
+    calls = Calls()
+    src = make_source(server, on_change=calls)
+    assert src.wait_synced(3)
+    assert wait_until(lambda: calls.n == 1)
+    server.update(service("a", port=8080))
+    server.delete("Service", "default", "b")
+    server.create(service("d", namespace="other"))
+    server.update(endpoint_slice("c-x1", "c", ["10.0.0.7", "10.0.0.8"]))
+    server.delete("EndpointSlice", "default", "a-x1")
+    assert wait_until(lambda: names(src, "Service") == {"a", "c", "d"})
+    assert wait_until(lambda: names(src, "EndpointSlice") == {"b-x1", "c-x1"})
+    assert body(src, "Service", "a")["spec"]["ports"][0]["port"] == 8080  # type: ignore[index]
+    eps = body(src, "EndpointSlice", "c-x1")
+    assert [e["addresses"][0] for e in eps["endpoints"]] == ["10.0.0.7", "10.0.0.8"]  # type: ignore[index]
+    assert {(o.namespace, o.name) for o in src.snapshot() if o.kind == "Service"} >= {("other", "d")}
+    assert wait_until(lambda: calls.n == 6)
+    assert src.counters["events"] == 5 and src.counters["relists"] == 0
+    assert src.resource_version("Service") == str(server.resource_version - 2)
+
+
+def test_selectors_match_kube_proxy(server: FakeAPIServer, make_source: Any) -> None:
+    populate(server)
+    server.create(service("custom", labels=PROXY_NAME))
+    server.create(endpoint_slice("custom-x1", "custom", ["10.0.0.9"], labels=PROXY_NAME))
+    server.create(endpoint_slice("headless-x1", "headless", ["10.0.0.5"], labels=HEADLESS))
+    src = make_source(server)
+    assert src.wait_synced(3)
+    assert names(src, "Service") == {"a", "b", "c"}
+    assert names(src, "EndpointSlice") == {"a-x1", "b-x1", "c-x1"}
+    assert names(src, "Node") == {NODE}
+    for q in server.list_requests("Service") + server.watch_requests("EndpointSlice"):
+        assert q["labelSelector"] == PROXY_LABEL_SELECTOR
+    assert server.list_requests("Node")[0]["fieldSelector"] == f"metadata.name={NODE}"
+    # Relabelling moves objects in and out of the watched selection.
+    server.update(service("a", labels=PROXY_NAME))
+    server.update(service("custom"))
+    assert wait_until(lambda: names(src, "Service") == {"b", "c", "custom"})
+    server.update(node("node-b", {"new": "label"}))
+    time.sleep(0.2)
+    assert names(src, "Node") == {NODE}
+
+
+def test_node_labels_are_in_the_snapshot(server: FakeAPIServer, make_source: Any) -> None:
+    server.create(node("node-b"))
+    src = make_source(server)
+    assert src.wait_synced(3)
+    assert names(src, "Node") == set()
+    server.create(node(NODE, {"topology.kubernetes.io/zone": "zone-1"}))
+    assert wait_until(lambda: names(src, "Node") == {NODE})
+    obj = next(o for o in src.snapshot() if o.kind == "Node")
+    assert (obj.namespace, str(obj.location)) == ("", f"kubernetes:Node//{NODE}")
+    assert obj.body["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-1"
+    server.update(node(NODE, {"topology.kubernetes.io/zone": "zone-2"}))
+    assert wait_until(
+        lambda: body(src, "Node", NODE)["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-2"  # type: ignore[index]
+    )
+
+
+def test_bookmarks_advance_the_resource_version(server: FakeAPIServer, make_source: Any) -> None:
+    populate(server)
+    calls = Calls()
+    src = make_source(server, on_change=calls)
+    assert src.wait_synced(3)
+    listed = int(src.resource_version("Service"))
+    for i in range(5):
+        server.create(endpoint_slice(f"extra-{i}", "a", ["10.1.0.1"]))
+    latest = server.resource_version
+    assert latest > listed
+    # No Service event happened, yet the Service informer learns the newer resourceVersion.
+    kinds = ("Service", "EndpointSlice", "Node")
+    assert wait_until(lambda: all(int(src.resource_version(k)) >= latest for k in kinds))
+    assert src.counters["bookmarks"] > 0
+    assert wait_until(lambda: calls.n == 6)  # 1 sync + 5 slices; bookmarks never notify
+    # So a compaction plus a watch restart resumes without relisting.
+    server.compact()
+    server.close_watches()
+    assert wait_until(lambda: len(server.watch_requests("Service")) >= 2)
+    assert server.watch_requests("Service")[-1]["resourceVersion"] == str(latest)
+    time.sleep(0.2)
+    assert src.counters["relists"] == 0
+    assert len(server.list_requests("Service")) == 1
+
+
+def test_without_bookmarks_compaction_forces_a_relist(make_source: Any) -> None:
+    with FakeAPIServer(bookmark_interval=None) as srv:
+        populate(srv)
+        src = make_source(srv)
+        assert src.wait_synced(3)
+        srv.create(endpoint_slice("extra", "a", ["10.1.0.1"]))
+        assert wait_until(lambda: "extra" in names(src, "EndpointSlice"))
+        srv.compact()
+        srv.close_watches()
+        assert wait_until(lambda: len(srv.list_requests("Service")) == 2)
+        assert wait_until(lambda: src.counters["relists"] >= 2)  # Service and Node were behind
+        assert src.counters["bookmarks"] == 0
+        assert names(src, "Service") == {"a", "b", "c"}
+        src.stop()
+
+
+@pytest.mark.parametrize("gone_mode", ["event", "http"])
+def test_gone_relists_and_replaces_the_cache(make_source: Any, gone_mode: str) -> None:
+    with FakeAPIServer(bookmark_interval=0.1, gone_mode=gone_mode) as srv:
+        populate(srv)
+        calls = Calls()
+        src = make_source(srv, on_change=calls)
+        assert src.wait_synced(3)
+        assert wait_until(lambda: calls.n == 1)
+        srv.stop()  # the gap: the informer misses everything below
+        srv.delete("Service", "default", "b")
+        srv.delete("EndpointSlice", "default", "b-x1")
+        srv.update(service("a", port=9090))
+        srv.create(service("d"))
+        srv.compact()
+        srv.start()
+        assert wait_until(lambda: names(src, "Service") == {"a", "c", "d"})
+        assert wait_until(lambda: names(src, "EndpointSlice") == {"a-x1", "c-x1"})
+        assert body(src, "Service", "a")["spec"]["ports"][0]["port"] == 9090  # type: ignore[index]
+        assert src.counters["relists"] >= 2 and src.counters["errors"] >= 1
+        assert len(srv.list_requests("Service")) == 2
+        assert src.resource_version("Service") == str(srv.resource_version)
+        assert calls.n >= 3  # sync + at least one change per relisted resource
+        srv.create(service("e"))  # and the new watch works
+        assert wait_until(lambda: "e" in names(src, "Service"))
+        src.stop()
+
+
+def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_source: Any) -> None:
+    populate(server)
+    src = make_source(server)
+    assert src.wait_synced(3)
+    before = src.resource_version("Service")
+    server.stop()
+    time.sleep(0.5)  # several failed reconnects with backoff
+    server.create(service("while-down"))
+    server.delete("Service", "default", "c")
+    errors_while_down = src.counters["errors"]
+    assert errors_while_down >= 3 * 2
+    server.start()
+    assert wait_until(lambda: names(src, "Service") == {"a", "b", "while-down"})
+    # Re-watched from the last resourceVersion: no relist was needed.
+    assert src.counters["relists"] == 0
+    assert len(server.list_requests("Service")) == 1
+    assert int(server.watch_requests("Service")[-1]["resourceVersion"]) >= int(before)
+    t0 = time.monotonic()
+    src.stop()
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_backoff_is_exponential_and_capped(make_source: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = FakeAPIServer().start()
+    srv.stop()  # a port where nothing listens
+    monkeypatch.setattr(k8s_source.random, "uniform", lambda a, b: 1.0)
+    src = make_source(srv, start=False, backoff_initial=0.01, backoff_max=0.08)
+    delays: list[tuple[str, float]] = []
+    real_wait = src._stop.wait
+
+    def wait(timeout: float | None = None) -> bool:
+        delays.append((threading.current_thread().name, timeout or 0.0))
+        return real_wait(timeout)
+
+    monkeypatch.setattr(src._stop, "wait", wait)
+    src.start()
+    assert wait_until(lambda: len(delays) >= 18)
+    src.stop()
+    per_thread = [d for t, d in delays if t.endswith("-Service")][:6]
+    assert per_thread == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.08, 0.08])
+    assert not src.wait_synced(0)
+
+
+# -- configuration -----------------------------------------------------------------------
+
+
+def test_load_api_client_from_kubeconfig(server: FakeAPIServer, make_source: Any, tmp_path: Path) -> None:
+    populate(server)
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: me, user: {{token: secret-token}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: me}}}}]
+current-context: fake
+"""
+    )
+    api = load_api_client(str(cfg))
+    assert api.configuration.host == server.url
+    src = KubernetesSource(api, NODE)
+    try:
+        src.start()
+        assert src.wait_synced(3)
+        assert names(src, "Node") == {NODE}
+    finally:
+        src.stop()
+
+
+def test_load_api_client_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api = load_api_client(None)
+    assert api.configuration.host == "https://10.96.0.1:443"
+    assert api.configuration.ssl_ca_cert == str(ca)
