@@ -63,11 +63,20 @@ class Plan:
                 lines += [f"      {d}" for d in s.details]
             lines.append("")
         if self.operations:
-            lines.append(f"Kernel operations ({len(self.operations)}):")
-            for op in self.operations[:max_operations]:
-                lines.append(f"  {op.action} {op.text}")
-            if len(self.operations) > max_operations:
-                lines.append(f"  ... {len(self.operations) - max_operations} more (use -o json for all)")
+            lines.append(f"Kernel operations ({len(self.operations)}; grouped by service port, "
+                         f"-o json lists them in execution order):")
+            groups: dict[str, list[Operation]] = {}
+            for op in self.operations:
+                groups.setdefault(op.service or "(shared objects)", []).append(op)
+            shown = 0
+            for name in sorted(groups, key=lambda g: (g != "(shared objects)", g)):
+                lines.append(f"  # {name}")
+                for op in groups[name]:
+                    if shown < max_operations:
+                        lines.append(f"  {op.action} {op.text}")
+                    shown += 1
+            if shown > max_operations:
+                lines.append(f"  ... {shown - max_operations} more (use -o json for all)")
             lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)

@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from . import conntrack
 from .backends.base import KernelError, Operation
 from .config import Options
 from .desired import build_desired_state
@@ -50,6 +51,10 @@ def apply(backend: Any, planned: Planned) -> Any:
     """
     if planned.plan.operations:
         backend.apply(planned.plan.operations)
+        stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model),
+                                          backend.service_view(planned.desired_model))
+        if stale:
+            log.info("clearing %d stale UDP conntrack flow filter(s)", conntrack.clear(stale))
     after = backend.observe()
     remaining = backend.diff(planned.desired_model, after)
     if remaining:

@@ -1,0 +1,187 @@
+"""kube-proxy Service semantics, proven by real packets (issue: full Service semantics).
+
+Each service below exercises one rule; pod1/pod2 run on node-a (the node under test), pod3 on node-b.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import ADDR
+from manifests import common_flags, eps, node_object, reconciler, svc, write_state
+from traffic import concurrently, outcomes, servers
+
+pytestmark = pytest.mark.e2e
+
+HTTP = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+
+
+def http(node_port: int) -> list[dict]:
+    return [{**HTTP[0], "nodePort": node_port}]
+
+
+def lb(ip: str) -> dict:
+    return {"loadBalancer": {"ingress": [{"ip": ip}]}}
+
+
+NOT_READY_SERVING = {"ready": False, "serving": True, "terminating": True}
+GONE = {"ready": False, "serving": False, "terminating": True}
+
+
+def docs(udp_pod: str = "pod1") -> list[dict]:
+    return [
+        node_object("zone-a"),
+        # ETP Local with a local endpoint (pod1) and a remote one (pod3), dual-stack.
+        svc("etp-local", ["10.96.1.10", "fd00:96::1:10"], http(31001), type="LoadBalancer",
+            externalTrafficPolicy="Local", healthCheckNodePort=32001, externalIPs=["172.30.1.51"],
+            ipFamilies=["IPv4", "IPv6"], status=lb("172.30.1.11")),
+        eps("etp-local", ["pod1", "pod3"]), eps("etp-local", ["pod1", "pod3"], 6),
+        # ETP Local without a local endpoint.
+        svc("etp-none", ["10.96.1.20"], http(31002), type="NodePort", externalTrafficPolicy="Local",
+            externalIPs=["172.30.1.52"]),
+        eps("etp-none", ["pod3"]),
+        # ITP Local, with and without local endpoints.
+        svc("itp-local", ["10.96.1.30"], HTTP, internalTrafficPolicy="Local"),
+        eps("itp-local", ["pod1", "pod3"]),
+        svc("itp-none", ["10.96.1.40"], HTTP, internalTrafficPolicy="Local"),
+        eps("itp-none", ["pod3"]),
+        # loadBalancerSourceRanges: only ext1 may use the LB IP; the NodePort is not filtered.
+        svc("ranges", ["10.96.1.50"], http(31003), type="LoadBalancer", status=lb("172.30.1.13"),
+            loadBalancerSourceRanges=["172.30.0.100/32"]),
+        eps("ranges", ["pod1", "pod2"]),
+        # Topology: zone hints usable (all have them, one for zone-a) / unusable (one lacks hints).
+        svc("zoned", ["10.96.1.60"], HTTP, trafficDistribution="PreferClose"),
+        eps("zoned", ["pod2", "pod3"], hints={"pod2": ["zone-a"], "pod3": ["zone-b"]}),
+        svc("zoned-partial", ["10.96.1.61"], HTTP),
+        eps("zoned-partial", ["pod2", "pod3"], hints={"pod3": ["zone-b"]}),
+        # Terminating endpoints: used only when nothing is ready; never when not serving.
+        svc("terminating", ["10.96.1.70"], HTTP),
+        eps("terminating", ["pod1", "pod2"], conditions={"pod1": NOT_READY_SERVING, "pod2": GONE}),
+        svc("terminating-ready", ["10.96.1.71"], HTTP),
+        eps("terminating-ready", ["pod1", "pod3"], conditions={"pod1": NOT_READY_SERVING}),
+        # A dual-stack service with IPv4 endpoints only: IPv6 is refused.
+        svc("v4-only-eps", ["10.96.1.80", "fd00:96::1:80"], HTTP, ipFamilies=["IPv4", "IPv6"]),
+        eps("v4-only-eps", ["pod1"]),
+        # TCP and SCTP on the same port number are distinct service ports.
+        svc("multi", ["10.96.1.90"], [{"name": "t", "port": 5000, "protocol": "TCP"},
+                                      {"name": "s", "port": 5000, "protocol": "SCTP"}]),
+        eps("multi", ["pod1"], ports=(("t", 8080, "TCP"), ("s", 8080, "SCTP"))),
+        # UDP whose endpoint moves: stale conntrack entries must go.
+        svc("udp-move", ["10.96.1.100"], [{"name": "dns", "port": 53, "protocol": "UDP"}]),
+        eps("udp-move", [udp_pod], ports=(("dns", 8080, "UDP"),)),
+    ]
+
+
+EXTRA = ["--service-cidr", "10.96.0.0/16,fd00:96::/112"]
+
+
+@pytest.fixture(scope="module")
+def applied(lab, tmp_path_factory):
+    src = str(tmp_path_factory.mktemp("semantics"))
+    write_state(src, docs())
+    reconciler(lab, "apply", *common_flags(src, extra=EXTRA))
+    yield src
+    reconciler(lab, "cleanup", check=False)
+
+
+def test_in_sync_after_apply(lab, applied):
+    assert reconciler(lab, "plan", *common_flags(applied, extra=EXTRA), check=False).returncode == 0
+
+
+@pytest.mark.parametrize("family,target,port", [(4, "node", 31001), (4, "172.30.1.11", 80),
+                                                 (4, "172.30.1.51", 80), (6, "node", 31001)])
+def test_etp_local_external_clients_reach_local_endpoints_with_their_source(lab, applied, family, target, port):
+    ip = ADDR["node"][family] if target == "node" else target
+    res = lab.tcp("ext1", ip, port, count=30)
+    assert outcomes(res) == {"ok": 30}
+    assert set(servers(res)) == {"pod1"}
+    assert {r.seen_ip for r in res} == {ADDR["ext1"][family]}
+
+
+def test_etp_local_pod_traffic_short_circuits_to_all_endpoints(lab, applied):
+    res = lab.tcp("pod2", "172.30.1.11", 80, count=40)
+    assert outcomes(res) == {"ok": 40}
+    assert set(servers(res)) == {"pod1", "pod3"}
+    assert {r.seen_ip for r in res} == {ADDR["pod2"][4]}
+
+
+def test_etp_local_node_traffic_is_masqueraded_and_may_use_all(lab, applied):
+    res = lab.tcp("node", "172.30.1.11", 80, count=40)
+    assert outcomes(res) == {"ok": 40}
+    assert set(servers(res)) == {"pod1", "pod3"}
+
+
+def test_etp_local_without_local_endpoints_drops_external_but_not_internal(lab, applied):
+    ext_node, ext_ip = concurrently([lambda: lab.tcp("ext1", ADDR["node"][4], 31002, count=2, timeout=1.0),
+                                     lambda: lab.tcp("ext1", "172.30.1.52", 80, count=2, timeout=1.0)])
+    assert outcomes(ext_node) == {"timeout": 2}  # DROP: no answer at all
+    assert outcomes(ext_ip) == {"timeout": 2}
+    pod = lab.tcp("pod1", "172.30.1.52", 80, count=5)
+    assert outcomes(pod) == {"ok": 5} and set(servers(pod)) == {"pod3"}
+    assert outcomes(lab.tcp("pod1", "10.96.1.20", 80, count=5)) == {"ok": 5}
+
+
+def test_itp_local(lab, applied):
+    res = lab.tcp("pod2", "10.96.1.30", 80, count=30)
+    assert outcomes(res) == {"ok": 30} and set(servers(res)) == {"pod1"}
+    none = lab.tcp("pod1", "10.96.1.40", 80, count=2, timeout=1.0)
+    assert outcomes(none) == {"timeout": 2}  # DROP, not REJECT
+
+
+def test_load_balancer_source_ranges(lab, applied):
+    allowed, blocked, nodeport = concurrently([
+        lambda: lab.tcp("ext1", "172.30.1.13", 80, count=5),
+        lambda: lab.tcp("ext2", "172.30.1.13", 80, count=2, timeout=1.0),
+        lambda: lab.tcp("ext2", ADDR["node"][4], 31003, count=5),
+    ])
+    assert outcomes(allowed) == {"ok": 5}
+    assert outcomes(blocked) == {"timeout": 2}
+    assert outcomes(nodeport) == {"ok": 5}
+
+
+def test_topology_hints(lab, applied):
+    res = lab.tcp("pod1", "10.96.1.60", 80, count=30)
+    assert set(servers(res)) == {"pod2"}
+    res = lab.tcp("pod1", "10.96.1.61", 80, count=30)
+    assert set(servers(res)) == {"pod2", "pod3"}
+
+
+def test_terminating_fallback(lab, applied):
+    res = lab.tcp("node", "10.96.1.70", 80, count=20)
+    assert outcomes(res) == {"ok": 20} and set(servers(res)) == {"pod1"}
+    res = lab.tcp("node", "10.96.1.71", 80, count=20)
+    assert set(servers(res)) == {"pod3"}
+
+
+def test_ipv6_reject_when_family_has_no_endpoints(lab, applied):
+    v4 = lab.tcp("pod2", "10.96.1.80", 80, count=3)
+    v6 = lab.tcp("pod2", "fd00:96::1:80", 80, count=3, timeout=2.0)
+    assert outcomes(v4) == {"ok": 3}
+    assert outcomes(v6) == {"refused": 3} and max(r.elapsed for r in v6) < 0.5
+
+
+def test_service_cidr_unused_port_rejected_unallocated_ip_dropped(lab, applied):
+    port = lab.tcp("pod1", "10.96.1.10", 81, count=2, timeout=2.0)
+    assert outcomes(port) == {"refused": 2}
+    unallocated = lab.tcp("pod1", "10.96.200.200", 80, count=2, timeout=1.0)
+    assert outcomes(unallocated) == {"timeout": 2}
+
+
+def test_sctp_beside_tcp_on_the_same_port(lab, applied):
+    assert outcomes(lab.tcp("pod2", "10.96.1.90", 5000, count=5)) == {"ok": 5}
+    listing = lab.exec("node", ["nft", "list", "map", "ip", "reconciler", "service-ips"]).stdout
+    assert "10.96.1.90 . sctp . 5000" in listing and "10.96.1.90 . tcp . 5000" in listing
+    chains = lab.exec("node", ["nft", "list", "chain", "ip", "reconciler", "svc-default/multi/s/sctp"]).stdout
+    assert "meta l4proto sctp dnat to 10.244.1.10:8080" in chains
+
+
+def test_udp_client_follows_moved_endpoint(lab, applied):
+    """Same UDP source port before and after the endpoint moves: conntrack must not pin pod1."""
+    before = lab.udp("pod2", "10.96.1.100", 53, count=3, source_port=40053)
+    assert outcomes(before) == {"ok": 3} and set(servers(before)) == {"pod1"}
+    write_state(applied, docs(udp_pod="pod3"))
+    reconciler(lab, "apply", *common_flags(applied, extra=EXTRA))
+    after = lab.udp("pod2", "10.96.1.100", 53, count=3, source_port=40053)
+    assert outcomes(after) == {"ok": 3} and set(servers(after)) == {"pod3"}
+    write_state(applied, docs())
+    reconciler(lab, "apply", *common_flags(applied, extra=EXTRA))
