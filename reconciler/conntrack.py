@@ -16,7 +16,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class FlowFilter:
     """Arguments selecting UDP conntrack entries: by original destination, or by reply source."""
 
@@ -69,7 +69,7 @@ def stale_udp_flows(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any
         for ep in set(view["endpoints"]) - remaining:
             ip, port = _split_hostport(ep)
             out.add(FlowFilter(reply_src=ip, reply_sport=port))
-    return sorted(out)
+    return sorted(out, key=lambda f: tuple(str(v) for v in (f.orig_dst, f.orig_dport, f.reply_src, f.reply_sport)))
 
 
 def clear(filters: list[FlowFilter]) -> int:

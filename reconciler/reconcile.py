@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import conntrack
+from .backends import get_backend
 from .backends.base import KernelError, Operation
 from .config import Options
 from .desired import build_desired_state
@@ -26,22 +27,45 @@ def load_desired(source: str, options: Options) -> DesiredState:
     return desired
 
 
+OTHER_MODE = {"nftables": "iptables", "iptables": "nftables"}
+
+
 @dataclass
 class Planned:
     plan: Plan
     desired_model: Any
     observed_model: Any
+    other_mode_cleanup: list[Operation] = field(default_factory=list)
 
 
 def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None) -> Planned:
-    """Diff the rendered desired model against the kernel (observed now unless given)."""
+    """Diff the rendered desired model against the kernel (observed now unless given).
+
+    A full plan (observed_model None) also removes what the other mode left behind, so switching
+    `--mode` leaves only one mode's objects.
+    """
     want = backend.render(desired)
     have = backend.observe() if observed_model is None else observed_model
     ops: list[Operation] = backend.diff(want, have)
-    plan = Plan(backend.mode, desired.node.name, operations=ops)
+    other: list[Operation] = []
+    if observed_model is None:
+        other = other_mode_leftovers(backend.mode)
+    plan = Plan(backend.mode, desired.node.name, operations=ops + other)
     if ops:
         plan.services = service_changes(backend.service_view(have), backend.service_view(want))
-    return Planned(plan, want, have)
+    return Planned(plan, want, have, other)
+
+
+def other_mode_leftovers(mode: str) -> list[Operation]:
+    """Operations removing the objects of the other mode (empty when its tools are missing)."""
+    other_mode = OTHER_MODE.get(mode)
+    if other_mode is None:
+        return []
+    try:
+        return get_backend(other_mode).cleanup()
+    except (KernelError, OSError) as exc:
+        log.debug("cannot inspect %s objects: %s", other_mode, exc)
+        return []
 
 
 def apply(backend: Any, planned: Planned) -> Any:
@@ -49,12 +73,17 @@ def apply(backend: Any, planned: Planned) -> Any:
 
     Returns the observed model after apply.
     """
-    if planned.plan.operations:
-        backend.apply(planned.plan.operations)
+    ops = planned.plan.operations
+    own = ops[:len(ops) - len(planned.other_mode_cleanup)]
+    if own:
+        backend.apply(own)
         stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model),
                                           backend.service_view(planned.desired_model))
         if stale:
             log.info("clearing %d stale UDP conntrack flow filter(s)", conntrack.clear(stale))
+    if planned.other_mode_cleanup:
+        get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
+        log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
     after = backend.observe()
     remaining = backend.diff(planned.desired_model, after)
     if remaining:

@@ -37,6 +37,10 @@ class _Gone(Exception):
     """The resourceVersion (or continue token) is too old: relist."""
 
 
+class _ContinueExpired(_Gone):
+    """A list continue token expired (410) between pages."""
+
+
 class _ShortWatch(Exception):
     """The watch closed at once without any event; treated as an error (client-go does too)."""
 
@@ -134,7 +138,7 @@ class KubernetesSource:
             _abort(resp)
         deadline = time.monotonic() + timeout
         for inf in self._informers:
-            if inf.thread is not None:
+            if inf.thread is not None and inf.thread is not threading.current_thread():
                 inf.thread.join(max(0.0, deadline - time.monotonic()))
 
     def wait_synced(self, timeout: float | None = None) -> bool:
@@ -157,7 +161,11 @@ class KubernetesSource:
 
     @property
     def counters(self) -> dict[str, int]:
-        """Copy of the metrics counters: events, bookmarks, lists, relists, errors."""
+        """Copy of the metrics counters.
+
+        events (ADDED/MODIFIED/DELETED), bookmarks, lists (all completed lists), relists
+        (lists after a resource's first one), errors (failures that caused a backoff).
+        """
         with self._lock:
             return dict(self._counters)
 
@@ -225,10 +233,21 @@ class KubernetesSource:
             raise
 
     def _list(self, inf: _Informer) -> None:
+        try:
+            self._list_pages(inf)
+        except _ContinueExpired:
+            self._list_pages(inf)  # the snapshot expired between pages: start over, once
+
+    def _list_pages(self, inf: _Informer) -> None:
         items: dict[Key, dict[str, Any]] = {}
         params: dict[str, Any] = {"limit": self._page_size}
         while True:
-            resp = self._request(inf, 60.0, **params)
+            try:
+                resp = self._request(inf, 60.0, **params)
+            except _Gone as exc:
+                if "_continue" in params:
+                    raise _ContinueExpired(str(exc)) from exc
+                raise
             try:
                 data = json.loads(resp.data)
             finally:
@@ -280,9 +299,10 @@ class KubernetesSource:
         etype = event.get("type")
         obj = event.get("object") or {}
         if etype == "ERROR":
-            if obj.get("code") == 410 or obj.get("reason") in ("Expired", "Gone"):
-                raise _Gone(obj.get("message", "410 Gone"))
-            raise RuntimeError(f"watch error: {obj.get('code')} {obj.get('message')}")
+            message = str(obj.get("message", ""))
+            if obj.get("code") == 410 or "too old resource version" in message:
+                raise _Gone(message or "410 Gone")
+            raise RuntimeError(f"watch error: {obj.get('code')} {message}")
         rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         if etype == "BOOKMARK":
             with self._lock:

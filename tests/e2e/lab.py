@@ -30,6 +30,7 @@ Topology (namespace names are ``<prefix><host>``, prefix e.g. ``sr4711a-``)::
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import subprocess
@@ -39,7 +40,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Literal
 
-from labcmd import CommandError, ip_batch, ns_argv, parallel, run
+from labcmd import CommandError, ip_batch, ns_argv, parallel, run, run_all
 from traffic import Result, Server, start_server, start_servers, tcp_probe, udp_probe
 
 Family = Literal[4, 6]
@@ -91,7 +92,7 @@ _NODE_SYSCTLS = [
     "net.ipv4.conf.all.send_redirects=0", "net.ipv4.conf.default.send_redirects=0",
 ]
 
-_live_labs: set["Lab"] = set()
+_live_labs: set[Lab] = set()
 _counter_lock = threading.Lock()
 _counter = 0
 
@@ -126,7 +127,7 @@ def _new_prefix() -> str:
     with _counter_lock:
         while True:
             _counter += 1
-            prefix = f"sr{os.getpid() % 10000}{_counter:x}-"
+            prefix = f"sr{os.getpid() % 10000:04d}{_counter:x}-"
             if not any(name.startswith(prefix) for name in existing):
                 return prefix
 
@@ -148,25 +149,25 @@ class Lab:
         self.node_if: dict[str, str] = {"lan": NODE_LAN_IF, **{p: f"cali{p}" for p in PODS}}
         self.servers: list[Server] = []
         self.setup_seconds: float = 0.0
-        self._created: bool = False
+        self._made: list[str] = []  # namespaces this instance created (only these are deleted)
+        self._made_lock = threading.Lock()
         self.lan, self.node, self.node2 = self.ns["lan"], self.ns["node"], self.ns["node2"]
         self.pod1, self.pod2, self.pod3 = self.ns["pod1"], self.ns["pod2"], self.ns["pod3"]
         self.ext1, self.ext2 = self.ns["ext1"], self.ns["ext2"]
 
     # ------------------------------------------------------------ lifecycle --
 
-    def __enter__(self) -> "Lab":
+    def __enter__(self) -> Lab:
         return self.setup()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
 
-    def setup(self) -> "Lab":
+    def setup(self) -> Lab:
         """Create namespaces, links, addresses, routes and sysctls (~0.1-0.3 s)."""
         t0 = time.monotonic()
         _live_labs.add(self)
-        self._created = True
         try:
             self._build()
         except BaseException:
@@ -180,31 +181,38 @@ class Lab:
         for srv in self.servers:
             srv.stop()
         self.servers.clear()
-        if self._created:
-            mine = [n for n in list_netns() if n in self.ns.values()]
-            for name in mine:
-                pids = run(["ip", "netns", "pids", name], check=False).stdout.split()
-                for pid in pids:
+        mine = list(self._made)
+        if mine:
+            for name in mine:  # anything still running inside would keep the netns alive
+                for pid in run(["ip", "netns", "pids", name], check=False).stdout.split():
                     try:
                         os.kill(int(pid), 9)
                     except (ProcessLookupError, ValueError):
                         pass
-            if mine:
-                ip_batch(None, [f"netns del {n}" for n in mine], force=True)
-            left = [n for n in list_netns() if n in self.ns.values()]
-            self._created = False
+            ip_batch(None, [f"netns del {n}" for n in mine], force=True)
+            self._made.clear()
+            left = [n for n in list_netns() if n in mine]
             if left:
                 raise CommandError(["ip", "netns", "del", *left], 1, "", "namespaces survived close()")
         _live_labs.discard(self)
 
     def _build(self) -> None:
         ns = self.ns
-        ip_batch(None, [f"netns add {ns[h]}" for h in HOSTS])
+
+        def add_netns(name: str) -> None:
+            run(["ip", "netns", "add", name])  # fails if the name exists: never adopt one
+            with self._made_lock:
+                self._made.append(name)
+
+        names = list(ns.values())
+        add_netns(names[0])  # the first one may have to turn /run/netns into a mount point
+        run_all([functools.partial(add_netns, n) for n in names[1:]])
+
         # 1. sysctls first, so devices created later inherit the defaults (accept_dad=0...).
         def sysctls(h: str) -> list[str]:
             # lan: only rtr (not br0) may answer ARP for the router address
             extra = _NODE_SYSCTLS if h in NODES else ["net.ipv4.conf.all.arp_ignore=1"] if h == "lan" else []
-            v6mask = ["net.ipv6.icmp.ratemask="]
+            v6mask = ["net.ipv6.icmp.ratemask="] if os.path.exists("/proc/sys/net/ipv6/icmp/ratemask") else []
             return ns_argv(ns[h], ["sysctl", "-q", "-w", *_COMMON_SYSCTLS, *extra, *v6mask])
         parallel([[(sysctls(h), None)] for h in HOSTS])
 
@@ -232,7 +240,8 @@ class Lab:
         cfg["lan"] += ["link set br0 up"]
         for port in ("p-rtr", *(f"p-{h}" for h in (*NODES, *EXTERNALS))):
             cfg["lan"] += [f"link set {port} master br0", f"link set {port} up"]
-        cfg["lan"] += ["link set rtr up", self._addr("rtr", ADDR["lan"], 4), self._addr("rtr", ADDR["lan"], 6),
+        cfg["lan"] += ["link set rtr up", self._addr("rtr", ADDR["lan"], 4),
+                       self._addr("rtr", ADDR["lan"], 6),
                        # the upstream router silently drops what it cannot deliver
                        # (without this, IPv6 answers ICMPv6 no-route even with forwarding off)
                        "route add blackhole 0.0.0.0/0", "route add blackhole ::/0"]
@@ -250,17 +259,19 @@ class Lab:
                          f"route add 0.0.0.0/0 via {POD_GATEWAY[4]} dev eth0",
                          f"route add ::/0 via {POD_GATEWAY[6]} dev eth0"]
         for fam in FAMILIES:
+            default = "0.0.0.0/0" if fam == 4 else "::/0"
             cfg["node"] += [f"route add {POD_CIDR['node2'][fam]} via {ADDR['node2'][fam]} dev eth0",
-                            f"route add {'0.0.0.0/0' if fam == 4 else '::/0'} via {ADDR['lan'][fam]} dev eth0"]
+                            f"route add {default} via {ADDR['lan'][fam]} dev eth0"]
             cfg["node2"] += [f"route add {POD_CIDR['node'][fam]} via {ADDR['node'][fam]} dev eth0",
-                             f"route add {'0.0.0.0/0' if fam == 4 else '::/0'} via {ADDR['node'][fam]} dev eth0"]
+                             f"route add {default} via {ADDR['node'][fam]} dev eth0"]
             for h in EXTERNALS:
                 for cidr in (SERVICE_CIDR[fam], EXTERNAL_CIDR[fam], POD_CIDR["node"][fam]):
                     cfg[h].append(f"route add {cidr} via {ADDR['node'][fam]} dev eth0")
                 cfg[h].append(f"route add {POD_CIDR['node2'][fam]} via {ADDR['node2'][fam]} dev eth0")
         groups: list[list[tuple[list[str], str | None]]] = []
         for h, c in cfg.items():
-            group: list[tuple[list[str], str | None]] = [(["ip", "-n", ns[h], "-batch", "-"], "\n".join(c) + "\n")]
+            group: list[tuple[list[str], str | None]] = [
+                (["ip", "-n", ns[h], "-batch", "-"], "\n".join(c) + "\n")]
             if h in NODES:
                 # proxy_arp answers are randomly delayed up to 0.8 s unless proxy_delay=0
                 # (Calico does the same; neigh/default/* only exists in the init netns).
@@ -289,7 +300,7 @@ class Lab:
 
         deadline = time.monotonic() + timeout
         pending = {h: not_ready(h) for h in HOSTS}
-        while any(pending.values()):
+        while any(pending.values()):  # usually already empty on the first pass
             if time.monotonic() > deadline:
                 raise CommandError(["ip", "-d", "-o", "link", "show"], 1, "",
                                    f"lab links not ready after {timeout}s: {pending}")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 
@@ -44,12 +45,18 @@ def ip_batch(ns: str | None, lines: Sequence[str], *, force: bool = False) -> No
     run(argv, input="\n".join(lines) + "\n", check=not force)
 
 
+def run_all(calls: Sequence[Callable[[], object]]) -> None:
+    """Run callables concurrently; after ALL finished, re-raise the first error."""
+    with ThreadPoolExecutor(max_workers=max(1, len(calls))) as pool:
+        futures = [pool.submit(c) for c in calls]
+    for fut in futures:
+        fut.result()
+
+
 def parallel(groups: Sequence[Sequence[tuple[list[str], str | None]]]) -> None:
-    """Run each group's commands in order, groups concurrently; re-raise the first error."""
+    """Run each group's (argv, stdin) commands in order, groups concurrently."""
     def _group(cmds: Sequence[tuple[list[str], str | None]]) -> None:
         for argv, stdin in cmds:
             run(argv, input=stdin)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(groups))) as pool:
-        for fut in [pool.submit(_group, g) for g in groups if g]:
-            fut.result()
+    run_all([functools.partial(_group, g) for g in groups if g])

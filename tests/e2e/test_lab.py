@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
 
 from lab import EXTERNAL_CIDR, FAMILIES, SERVICE_CIDR, Lab, list_netns, skip_reason
-from traffic import outcomes, servers
+from traffic import Result, concurrently, outcomes, servers
 
 pytestmark = pytest.mark.e2e
 
-FAST = 0.5  # probe timeout for negative cases
+FAST = 0.3  # probe timeout for negative cases
+
+
+def both(*calls: Callable[[], list[Result]]) -> list[Result]:
+    """Concatenated results of probe calls run concurrently."""
+    return [r for res in concurrently(calls) for r in res]
 
 
 @contextmanager
@@ -77,7 +82,8 @@ def test_blackholed_address_times_out(lab: Lab, fam: int) -> None:
     dst = lab.addr("pod3", fam)
     ipkw = "ip" if fam == 4 else "ip6"
     with nft_table(lab, "node", "blackhole", f"type filter hook forward priority 0; {ipkw} daddr {dst} drop"):
-        res = lab.tcp("pod1", dst, 8080, timeout=FAST) + lab.udp("pod1", dst, 8080, timeout=FAST)
+        res = both(lambda: lab.tcp("pod1", dst, 8080, timeout=FAST),
+                   lambda: lab.udp("pod1", dst, 8080, timeout=FAST))
         assert outcomes(res) == {"timeout": 2}, res
         assert all(r.elapsed >= FAST * 0.9 for r in res)
     res = lab.tcp("pod1", dst, 8080) + lab.udp("pod1", dst, 8080)
@@ -113,9 +119,11 @@ def test_unmatched_service_and_external_ips_time_out(lab: Lab, fam: int) -> None
     ext = {4: "172.30.1.5", 6: "fd00:31::5"}[fam]
     assert ipaddress.ip_address(svc) in ipaddress.ip_network(SERVICE_CIDR[fam])
     assert ipaddress.ip_address(ext) in ipaddress.ip_network(EXTERNAL_CIDR[fam])
-    for src, ip in (("node", svc), ("pod1", svc), ("node2", svc), ("ext1", svc), ("ext1", ext)):
-        res = lab.tcp(src, ip, 80, timeout=FAST) + lab.udp(src, ip, 53, timeout=FAST)
-        assert outcomes(res) == {"timeout": 2}, (src, ip, res)
+    pairs = [("node", svc), ("pod1", svc), ("node2", svc), ("ext1", svc), ("ext1", ext)]
+    calls = [(lambda s=src, i=ip: lab.tcp(s, i, 80, timeout=FAST)) for src, ip in pairs] + \
+        [(lambda s=src, i=ip: lab.udp(s, i, 53, timeout=FAST)) for src, ip in pairs]
+    for (src, ip), res in zip(pairs * 2, concurrently(calls), strict=True):
+        assert outcomes(res) == {"timeout": 1}, (src, ip, res)
 
 
 @pytest.mark.parametrize("fam", FAMILIES)

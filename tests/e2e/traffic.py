@@ -20,9 +20,10 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from labcmd import CommandError, ns_argv, run
 
@@ -30,6 +31,7 @@ AGENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "traffic_agent.
 PYTHON = [sys.executable, "-I", "-S"]
 
 Outcome = Literal["ok", "refused", "timeout", "unreachable", "error"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ def _probe(proto: str, ns: str | None, ip: str, port: int, count: int, timeout: 
     try:
         raw = json.loads(cp.stdout)
     except json.JSONDecodeError as exc:
-        raise CommandError(cp.args, cp.returncode, cp.stdout, cp.stderr) from exc
+        raise CommandError(list(cp.args), cp.returncode, cp.stdout, cp.stderr) from exc
     return [Result(**r) for r in raw]
 
 
@@ -75,6 +77,18 @@ def udp_probe(ns: str | None, ip: str, port: int, count: int = 1, timeout: float
               interval: float = 0.0) -> list[Result]:
     """``count`` UDP request/replies; with ``source_port`` every probe reuses that local port."""
     return _probe("udp", ns, ip, port, count, timeout, source_ip, source_port, interval)
+
+
+def concurrently(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Run independent probe calls in parallel threads (results in input order).
+
+    Use it for negative (timeout) cases: N DROP probes then cost one timeout.
+    ``concurrently([lambda: lab.tcp("pod1", ip, 80), lambda: lab.udp("ext1", ip, 53)])``
+    """
+    if not calls:
+        return []
+    with ThreadPoolExecutor(max_workers=min(32, len(calls))) as pool:
+        return [f.result() for f in [pool.submit(c) for c in calls]]
 
 
 def outcomes(results: Iterable[Result]) -> Counter[str]:
@@ -97,16 +111,18 @@ class Server:
     tcp: bool = True
     udp: bool = True
     proc: subprocess.Popen[str] | None = field(default=None, repr=False)
+    argv: list[str] = field(default_factory=list, repr=False)
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         """Spawn the server process (does not wait; see ``wait_ready``)."""
         argv = ns_argv(self.ns, [*PYTHON, AGENT, "serve", self.name, *map(str, self.ports)]
                        + ([] if self.tcp else ["--no-tcp"]) + ([] if self.udp else ["--no-udp"]))
+        self.argv = argv
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, start_new_session=True)
         return self
 
-    def wait_ready(self, ready_timeout: float = 5.0) -> "Server":
+    def wait_ready(self, ready_timeout: float = 5.0) -> Server:
         """Block until the server printed READY; raise CommandError if it died or timed out."""
         assert self.proc is not None and self.proc.stdout is not None
         deadline = time.monotonic() + ready_timeout
@@ -119,7 +135,7 @@ class Server:
                 break  # EOF or garbage: the server died
         self.stop()
         err = self.proc.stderr.read() if self.proc.stderr else ""
-        raise CommandError(self.proc.args, self.proc.returncode if self.proc.returncode is not None else -1,
+        raise CommandError(self.argv, self.proc.returncode if self.proc.returncode is not None else -1,
                            "", err or f"server {self.name} not ready within {ready_timeout}s")
 
     @property

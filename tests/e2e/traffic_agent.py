@@ -8,7 +8,8 @@ Two sub-commands:
     UDP.  Each TCP connection and each UDP datagram is answered with the line
     ``"<NAME> <peer-ip> <peer-port>\\n"``.  UDP replies leave from the address
     the datagram was sent to (IP_PKTINFO), so multi-address hosts work.
-    Prints ``READY`` on stdout once every socket is bound.
+    Prints ``READY`` on stdout once every socket is bound; exits when its
+    parent process goes away.
 
 ``probe JSON``
     Run ``count`` probes (fresh socket each) and print a JSON list of results,
@@ -27,6 +28,7 @@ import socket
 import struct
 import sys
 import time
+from typing import Any
 
 IP_PKTINFO = getattr(socket, "IP_PKTINFO", 8)
 IP_RECVERR = getattr(socket, "IP_RECVERR", 11)
@@ -82,10 +84,11 @@ def serve(name: str, ports: list[int], tcp: bool, udp: bool) -> None:
                     s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVPKTINFO, 1)
                 s.setblocking(False)
                 sel.register(s, selectors.EVENT_READ, (family, kind))
+    parent = os.getppid()
     sys.stdout.write("READY\n")
     sys.stdout.flush()
-    while True:
-        for key, _ in sel.select():
+    while os.getppid() == parent:  # exit if the test process died without cleanup
+        for key, _ in sel.select(timeout=1.0):
             sock: socket.socket = key.fileobj  # type: ignore[assignment]
             family, kind = key.data
             try:
@@ -107,7 +110,7 @@ def _family(ip: str) -> int:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
-def _err(outcome: str, t0: float, detail: str, local_port: int | None = None) -> dict:
+def _err(outcome: str, t0: float, detail: str, local_port: int | None = None) -> dict[str, Any]:
     return {"outcome": outcome, "server": None, "seen_ip": None, "seen_port": None,
             "elapsed": time.monotonic() - t0, "local_port": local_port, "detail": detail}
 
@@ -128,7 +131,7 @@ def _detail(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _ok(line: bytes, t0: float, local_port: int) -> dict:
+def _ok(line: bytes, t0: float, local_port: int) -> dict[str, Any]:
     parts = line.decode(errors="replace").split()
     if len(parts) != 3:
         return _err("error", t0, f"bad reply {line!r}", local_port)
@@ -154,18 +157,18 @@ def _errqueue_errno(s: socket.socket) -> int | None:
         return exc.errno
     for _level, _typ, cdata in anc:
         if len(cdata) >= 4:
-            return struct.unpack("=I", cdata[:4])[0]
+            return int(struct.unpack("=I", cdata[:4])[0])
     return None
 
 
-def _errno_result(code: int, t0: float, what: str, lport: int | None = None) -> dict:
+def _errno_result(code: int, t0: float, what: str, lport: int | None = None) -> dict[str, Any]:
     exc = OSError(code, os.strerror(code))
     if code == errno.ECONNREFUSED:
         exc = ConnectionRefusedError(code, os.strerror(code))
     return _err(_classify(exc), t0, f"{what} {_detail(exc)}", lport)
 
 
-def _tcp_once(ip: str, port: int, timeout: float, source_ip: str | None) -> dict:
+def _tcp_once(ip: str, port: int, timeout: float, source_ip: str | None) -> dict[str, Any]:
     """Non-blocking connect + poll.  ICMP errors are also read from the error queue:
     an ICMP(v6) error that arrives while connect() still holds the socket lock (it
     does for IPv6 over veth: TcpExtLockDroppedIcmps) is otherwise only a "soft"
@@ -217,7 +220,7 @@ def _tcp_once(ip: str, port: int, timeout: float, source_ip: str | None) -> dict
 
 
 def _udp_once(ip: str, port: int, timeout: float, source_ip: str | None,
-              source_port: int | None, seq: int) -> dict:
+              source_port: int | None, seq: int) -> dict[str, Any]:
     t0 = time.monotonic()
     fam = _family(ip)
     s = socket.socket(fam, socket.SOCK_DGRAM)
@@ -250,7 +253,7 @@ def _udp_once(ip: str, port: int, timeout: float, source_ip: str | None,
         s.close()
 
 
-def probe(spec: dict) -> list[dict]:
+def probe(spec: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for i in range(int(spec["count"])):
         if spec["proto"] == "tcp":

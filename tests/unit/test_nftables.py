@@ -49,8 +49,9 @@ def test_rule_text_matches_nft_listing():
     have = recorded().tables["ip reconciler"]
     assert have.chains["svc-default/web/http/tcp"].rules == (
         "ip saddr != @cluster-cidrs jump mark-for-masquerade",
-        "meta l4proto tcp dnat ip to numgen random mod 3 map "
-        "{ 0 : 10.244.1.5 . 8080, 1 : 10.244.2.7 . 8080, 2 : 10.244.3.4 . 8080 }",
+        "meta l4proto tcp numgen random mod 3 0 dnat to 10.244.1.5:8080",
+        "meta l4proto tcp numgen random mod 2 0 dnat to 10.244.2.7:8080",
+        "meta l4proto tcp dnat to 10.244.3.4:8080",
     )
     assert have.chains["masquerading"].rules[1] == "meta mark & 0x00004000 == 0x00000000 return"
     no_ep = have.sets["no-endpoint-services"].elements
@@ -86,10 +87,10 @@ def test_one_endpoint_change_touches_only_that_service():
     after = render(many_services(300, changed=42))
     ops = diff(after, before)
     assert {op.service for op in ops} == {"default/svc42:http/TCP"}
-    # flush the service chain, re-add its two rules (masquerade check + dnat)
-    assert [op.text.split(" ")[0:2] for op in ops] == [["flush", "chain"], ["add", "rule"], ["add", "rule"]]
-    assert len(ops) == 3
-    assert "10.244.99.99 . 8080" in ops[-1].text
+    # flush the service chain, re-add its rules: masquerade check + a 3-step endpoint cascade
+    assert [op.text.split(" ")[0:2] for op in ops] == [["flush", "chain"]] + [["add", "rule"]] * 4
+    assert len(ops) == 5
+    assert any("dnat to 10.244.99.99:8080" in op.text for op in ops)
 
 
 def test_removed_service_removes_its_objects_in_safe_order():
@@ -110,7 +111,7 @@ def test_plan_reads_in_service_terms_and_json_matches_schema():
     text = plan.to_text()
     assert "~ default/svc3:http/TCP" in text
     assert "- endpoint 10.244.0.11:8080" in text and "+ endpoint 10.244.99.99:8080" in text
-    assert text.strip().endswith("Plan: 0 service ports to add, 1 to change, 0 to remove; 3 kernel operations.")
+    assert text.strip().endswith("Plan: 0 service ports to add, 1 to change, 0 to remove; 5 kernel operations.")
     with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
         jsonschema.validate(json.loads(plan.to_json()), json.load(fh))
 

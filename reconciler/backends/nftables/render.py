@@ -1,8 +1,9 @@
 """DesiredState -> nftables Ruleset. A plain renderer: every decision is already in the document.
 
 Layout per family (table `ip reconciler` / `ip6 reconciler`), built to keep the object count low:
-one chain per service port (`svc-…`), one more only for external traffic that needs other handling
-(`ext-…`), per-endpoint chains only for session affinity (`ep-…`); every address lookup is one map.
+one chain per service port (`svc-…`) choosing its endpoint with a `numgen` cascade, one more only
+for external traffic that needs other handling (`ext-…`), per-endpoint chains only for session
+affinity (`ep-…`); every address lookup is one map; no set or chain per endpoint otherwise.
 """
 
 from __future__ import annotations
@@ -201,14 +202,20 @@ class _Builder:
         return name
 
     def _select(self, sp: ServicePort, eps: tuple[Endpoint, ...], match: str) -> list[str]:
-        """Rules that pick one of `eps` (at random, or sticky per client with affinity)."""
+        """Rules that pick one of `eps` uniformly (or sticky per client with affinity).
+
+        A cascade: rule i fires with probability 1/(n-i), so each endpoint gets 1/n. Plain rules
+        load and read back fast; inline numgen maps create one anonymous set per rule, which the
+        kernel allocates in time linear in the number of sets (quadratic overall).
+        """
         proto = f"meta l4proto {sp.protocol.lower()}"
-        if sp.affinityTimeoutSeconds is None:
-            if len(eps) == 1:
-                return [f"{match}{proto} dnat to {self.fam.endpoint(eps[0])}"]
-            elems = ", ".join(f"{i} : {ep.ip} . {ep.port}" for i, ep in enumerate(eps))
-            return [f"{match}{proto} dnat {self.fam.ip} to numgen random mod {len(eps)} map {{ {elems} }}"]
+        n = len(eps)
         rules = []
+        if sp.affinityTimeoutSeconds is None:
+            for i, ep in enumerate(eps):
+                pick = f"numgen random mod {n - i} 0 " if i < n - 1 else ""
+                rules.append(f"{match}{proto} {pick}dnat to {self.fam.endpoint(ep)}")
+            return rules
         for ep in eps:
             chain, aff = ep_chain(sp, ep), affinity_set(sp, ep)
             self.sets[aff] = NftSet(aff, self.fam.addr_type, flags=("dynamic", "timeout"),
@@ -216,11 +223,9 @@ class _Builder:
             self.chains[chain] = Chain(chain, (f"update @{aff} {{ {self.fam.ip} saddr }}",
                                                f"{proto} dnat to {self.fam.endpoint(ep)}"))
             rules.append(f"{match}{self.fam.ip} saddr @{aff} goto {chain}")
-        if len(eps) == 1:
-            rules.append(f"{match}goto {ep_chain(sp, eps[0])}")
-        else:
-            elems = ", ".join(f"{i} : goto {ep_chain(sp, ep)}" for i, ep in enumerate(eps))
-            rules.append(f"{match}numgen random mod {len(eps)} vmap {{ {elems} }}")
+        for i, ep in enumerate(eps):
+            pick = f"numgen random mod {n - i} 0 " if i < n - 1 else ""
+            rules.append(f"{match}{pick}goto {ep_chain(sp, ep)}")
         return rules
 
     # -- the shared skeleton ---------------------------------------------------------------

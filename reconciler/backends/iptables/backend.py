@@ -1,0 +1,141 @@
+"""The iptables backend: render / observe / diff / apply / cleanup behind the Backend interface.
+
+Layout: see render.py. Observed state is `<cmd>-<flavour>-save -t filter|nat` for iptables and
+ip6tables, keeping only our chains (RECONCILER-*) and the rules of built-in chains that jump into them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ...state import DesiredState
+from ..base import Operation
+from . import kernel
+from .diff import diff, restore_inputs, rule_owner, script
+from .render import (
+    COMMANDS, ENDPOINTS_CHECK, NODEPORTS, SEP_PREFIX, SERVICES, TABLES, IptablesModel, TableState, is_builtin,
+    is_ours, render,
+)
+from .save import Rule, parse_save
+
+log = logging.getLogger(__name__)
+
+
+class IptablesBackend:
+    mode = "iptables"
+
+    def __init__(self, flavour: str | None = None):
+        if flavour is not None and flavour not in kernel.FLAVOURS:
+            raise ValueError(f"unknown iptables flavour {flavour!r}")
+        self._flavour = flavour
+        self.last_restore_seconds: dict[str, float] = {}
+
+    @property
+    def flavour(self) -> str:
+        """'nft' or 'legacy' (detected once, like iptables-wrapper)."""
+        if self._flavour is None:
+            self._flavour = kernel.detect_flavour()
+            log.debug("iptables flavour: %s", self._flavour)
+        return self._flavour
+
+    def render(self, desired: DesiredState) -> IptablesModel:
+        return render(desired)
+
+    def observe(self) -> IptablesModel:
+        families: dict[str, dict[str, TableState]] = {}
+        for family, cmd in COMMANDS.items():
+            for table in TABLES:
+                state = parse_ours(kernel.save(cmd, self.flavour, table), table)
+                if not state.empty:
+                    families.setdefault(family, {})[table] = state
+        return IptablesModel(families, self.flavour)
+
+    def diff(self, desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
+        return diff(desired, observed)
+
+    def apply(self, operations: list[Operation]) -> None:
+        """One `<cmd>-restore --noflush` per family (iptables first), each table committed atomically."""
+        self.last_restore_seconds = {}
+        for cmd, text in restore_inputs(operations).items():
+            self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, text)
+
+    def script(self, operations: list[Operation]) -> str:
+        return script(operations)
+
+    def cleanup(self) -> list[Operation]:
+        return diff(IptablesModel(), self.observe())
+
+    def model_to_dict(self, model: IptablesModel) -> dict[str, Any]:
+        return model.to_dict()
+
+    def service_view(self, model: IptablesModel) -> dict[str, dict[str, Any]]:
+        return service_view(model)
+
+
+def parse_ours(text: str, table: str) -> TableState:
+    """Our chains and our jumps from one table of iptables-save output (other tables ignored)."""
+    if not text.strip():
+        return TableState()
+    rs = parse_save(text)
+    if table not in rs:
+        return TableState()
+    chains: dict[str, tuple[Rule, ...]] = {}
+    jumps: list[Rule] = []
+    for name, chain in rs[table].chains.items():
+        if is_builtin(table, name):
+            jumps += [r.without_counters() for r in chain.rules if r.target and is_ours(r.target)]
+        elif is_ours(name):
+            chains[name] = tuple(r.without_counters() for r in chain.rules)
+    return TableState(chains, tuple(jumps))
+
+
+# --------------------------------------------------------------------------- service view
+
+
+def _value(args: tuple[str, ...], opt: str) -> str | None:
+    for i, a in enumerate(args[:-1]):
+        if a == opt and (i == 0 or args[i - 1] != "!"):
+            return args[i + 1]
+    return None
+
+
+def _addr(args: tuple[str, ...]) -> str | None:
+    """`10.96.0.10:53/udp`, `[fd00::1]:443/tcp` or `nodePort 30080/tcp` for a dispatch or check rule."""
+    proto, port = _value(args, "-p"), _value(args, "--dport")
+    if proto is None or port is None:
+        return None
+    dst = _value(args, "-d")
+    if dst is None or "addrtype" in args:
+        return f"nodePort {port}/{proto}"
+    ip = dst.rsplit("/", 1)[0]
+    return f"[{ip}]:{port}/{proto}" if ":" in ip else f"{ip}:{port}/{proto}"
+
+
+def service_view(model: IptablesModel) -> dict[str, dict[str, Any]]:
+    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses."""
+    view: dict[str, dict[str, set[str]]] = {}
+
+    def entry(sid: str) -> dict[str, set[str]]:
+        return view.setdefault(sid, {"addresses": set(), "endpoints": set()})
+
+    for tables in model.families.values():
+        nat, filt = tables.get("nat", TableState()), tables.get("filter", TableState())
+        for name in (SERVICES, NODEPORTS):
+            for r in nat.chains.get(name, ()):
+                sid, addr = rule_owner(r), _addr(r.args)
+                if sid and addr:
+                    entry(sid)["addresses"].add(addr)
+        for r in filt.chains.get(ENDPOINTS_CHECK, ()):
+            sid, addr = rule_owner(r), _addr(r.args)
+            if sid and addr and r.target in ("REJECT", "DROP"):
+                entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
+        for name, rules in nat.chains.items():
+            if not name.startswith(SEP_PREFIX):
+                continue
+            for r in rules:
+                ep, sid = _value(r.args, "--to-destination"), rule_owner(r)
+                if ep and sid and r.target == "DNAT":
+                    entry(sid)["endpoints"].add(ep)
+    return {k: {"addresses": sorted(v["addresses"]), "endpoints": sorted(v["endpoints"])}
+            for k, v in sorted(view.items())}

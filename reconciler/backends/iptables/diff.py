@@ -1,0 +1,121 @@
+"""IptablesModel (desired) vs IptablesModel (observed) -> the minimal `iptables-restore --noflush` lines.
+
+Chains are compared one by one (argument for argument, as iptables-save prints them), so a change to
+one service port rewrites only the chains that changed: its own SVC/EXT/SEP chains, and a shared chain
+only when an address of it comes or goes. Per table, the restore input is ordered
+
+    :CHAIN - [0:0]     create or flush every chain that is (re)written or deleted
+    -A CHAIN ...       the full contents of (re)written chains
+    -D / -I BUILTIN    our jump rules in built-in chains: stale ones removed, missing ones inserted at 1
+    -X CHAIN           chains that are gone (empty and unreferenced by then)
+
+Operation.name is "<command> <table> <chain>" (e.g. "iptables nat RECONCILER-SERVICES"), which is how
+script() groups the lines into one restore per command (iptables / ip6tables) and table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..base import Operation
+from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_service_chain
+from .save import Rule, RuleOp
+
+RESTORE_ARGS = ("--noflush", "-w", "5")
+
+
+def rule_owner(rule: Rule) -> str | None:
+    """The service port id a rule belongs to (its comment), or None for shared rules."""
+    c = rule.comment
+    return c if c and not c.startswith(JUMP_COMMENT) else None
+
+
+def chain_owner(name: str, rules: Iterable[Rule]) -> str | None:
+    if not is_service_chain(name):
+        return None
+    for r in rules:
+        if (sid := rule_owner(r)) is not None:
+            return sid
+    return None
+
+
+def diff(desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
+    ops: list[Operation] = []
+    for family, cmd in COMMANDS.items():
+        for table in TABLES:
+            want, have = desired.table(family, table), observed.table(family, table)
+            if want.empty and have.empty:
+                continue
+            ops += _diff_table(cmd, table, want, have)
+    return ops
+
+
+def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> list[Operation]:
+    declare: list[Operation] = []
+    fill: list[Operation] = []
+    jumps: list[Operation] = []
+    delete: list[Operation] = []
+
+    def obj(chain: str) -> str:
+        return f"{cmd} {table} {chain}"
+
+    for name in sorted(want.chains):
+        rules, old = want.chains[name], have.chains.get(name)
+        if old is not None and [r.args for r in old] == [r.args for r in rules]:
+            continue
+        svc = chain_owner(name, rules)
+        declare.append(Operation("+" if old is None else "~", "chain", obj(name), f":{name} - [0:0]", svc))
+        for r in rules:
+            fill.append(Operation("+", "rule", obj(name), r.to_text(counters=False), rule_owner(r) or svc))
+    for name in sorted(set(have.chains) - set(want.chains)):
+        old = have.chains[name]
+        svc = chain_owner(name, old)
+        if old:
+            declare.append(Operation("~", "chain", obj(name), f":{name} - [0:0]", svc))
+        delete.append(Operation("-", "chain", obj(name), f"-X {name}", svc))
+
+    remaining = [r.without_counters() for r in have.jumps]
+    inserts: list[Rule] = []
+    for r in want.jumps:
+        found = next((i for i, h in enumerate(remaining) if h.chain == r.chain and h.args == r.args), None)
+        if found is None:
+            inserts.append(r)
+        else:
+            remaining.pop(found)
+    for r in remaining:  # stale or duplicate jumps (and any other rule of a built-in chain into our chains)
+        jumps.append(Operation("-", "rule", obj(r.chain), RuleOp(table, "delete", r).to_text()))
+    for r in inserts:
+        jumps.append(Operation("+", "rule", obj(r.chain), RuleOp(table, "insert", r, 1).to_text()))
+    return declare + fill + jumps + delete
+
+
+def _phase(text: str) -> int:
+    if text.startswith(":"):
+        return 0
+    if text.startswith("-A "):
+        return 1
+    if text.startswith("-X "):
+        return 3
+    return 2  # -D, -I
+
+
+def restore_inputs(ops: list[Operation]) -> dict[str, str]:
+    """command ('iptables' / 'ip6tables') -> its `<command>-restore --noflush` input."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for op in ops:
+        cmd, table, _ = op.name.split(" ", 2)
+        groups.setdefault(cmd, {}).setdefault(table, []).append(op.text)
+    out: dict[str, str] = {}
+    for cmd in sorted(groups, key=lambda c: list(COMMANDS.values()).index(c) if c in COMMANDS.values() else 9):
+        lines: list[str] = []
+        for table, texts in groups[cmd].items():
+            lines.append(f"*{table}")
+            lines += sorted(texts, key=_phase)  # stable: keeps the order inside each phase
+            lines.append("COMMIT")
+        out[cmd] = "\n".join(lines) + "\n"
+    return out
+
+
+def script(ops: list[Operation]) -> str:
+    """All restore inputs, each headed by the command that runs it (`#` lines are comments to restore)."""
+    return "".join(f"# {cmd}-restore {' '.join(RESTORE_ARGS)}\n{text}" for cmd, text in restore_inputs(ops).items())

@@ -1,0 +1,104 @@
+"""The only place that runs iptables tools: pick the flavour, read tables, run one restore.
+
+Flavour (nft or legacy) is detected the way kubernetes-sigs/iptables-wrappers does it: nft when the
+nft mangle table (IPv4, then IPv6) holds kubelet's KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY chain;
+otherwise legacy when the legacy tables hold one; otherwise nft. RECONCILER_IPTABLES_FLAVOUR=nft|legacy
+(or IptablesBackend(flavour=...)) overrides it. Binaries are then always the explicit
+`iptables-nft-save`, `ip6tables-legacy-restore`, ... never the `iptables` alternative.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+
+from ..base import KernelError
+
+log = logging.getLogger(__name__)
+
+FLAVOURS = ("nft", "legacy")
+FLAVOUR_ENV = "RECONCILER_IPTABLES_FLAVOUR"
+_HINT = re.compile(r"^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY)\b", re.M)
+_MISSING_TABLE = ("Table does not exist", "does not exist (do you need to insmod", "can't initialize")
+RESTORE_WAIT = ("-w", "5")  # 1.8.x: -W (wait interval) is deprecated and ignored, legacy warns about it
+
+
+def binary(cmd: str, flavour: str, tool: str) -> str:
+    """`iptables-nft-save` etc.: cmd iptables|ip6tables, tool save|restore."""
+    name = f"{cmd}-{flavour}-{tool}"
+    path = shutil.which(name)
+    if not path:
+        raise KernelError(f"{name} not found: install the iptables package (>= 1.8.4)")
+    return path
+
+
+def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise KernelError(f"{argv[0]}: {exc}") from None
+
+
+def detect_flavour() -> str:
+    forced = os.environ.get(FLAVOUR_ENV, "").strip().lower()
+    if forced:
+        if forced not in FLAVOURS:
+            raise KernelError(f"{FLAVOUR_ENV}={forced!r}: expected one of {', '.join(FLAVOURS)}")
+        return forced
+    have_nft = shutil.which("iptables-nft-save") is not None
+    have_legacy = shutil.which("iptables-legacy-save") is not None
+    if have_nft:
+        for cmd in ("iptables", "ip6tables"):
+            if shutil.which(f"{cmd}-nft-save") and _HINT.search(_run([f"{cmd}-nft-save", "-t", "mangle"]).stdout):
+                return "nft"
+    if have_legacy:
+        for cmd in ("iptables", "ip6tables"):
+            # all tables, not -t mangle: that would load (create) the legacy mangle table
+            if shutil.which(f"{cmd}-legacy-save") and _HINT.search(_run([f"{cmd}-legacy-save"]).stdout):
+                return "legacy"
+    if not have_nft and have_legacy:
+        return "legacy"
+    return "nft"
+
+
+def save(cmd: str, flavour: str, table: str) -> str:
+    """`<cmd>-<flavour>-save -t TABLE` output ('' when the table does not exist)."""
+    proc = _run([binary(cmd, flavour, "save"), "-t", table])
+    if proc.returncode != 0:
+        if any(m in proc.stderr for m in _MISSING_TABLE):
+            return ""
+        raise KernelError(f"{cmd}-{flavour}-save -t {table}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def restore(cmd: str, flavour: str, text: str) -> float:
+    """Run `text` with `<cmd>-<flavour>-restore --noflush -w 5`; returns the seconds it took.
+
+    Each table (between `*table` and `COMMIT`) is committed atomically; on failure the tool reports
+    the failing line and that table is left unchanged.
+    """
+    if not text.strip():
+        return 0.0
+    argv = [binary(cmd, flavour, "restore"), "--noflush", *RESTORE_WAIT]
+    start = time.monotonic()
+    proc = _run(argv, stdin=text)
+    elapsed = time.monotonic() - start
+    if proc.returncode != 0:
+        raise KernelError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}\n"
+                          f"--- input ---\n{_excerpt(text, proc.stderr)}")
+    log.debug("%s-restore (%s): %d lines in %.3fs", cmd, flavour, text.count("\n"), elapsed)
+    return elapsed
+
+
+def _excerpt(text: str, stderr: str) -> str:
+    """The input around the line restore complained about ('... failed ... line N')."""
+    lines = text.splitlines()
+    m = re.search(r"line:? (\d+)", stderr)
+    if not m:
+        return "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
+    n = int(m.group(1))
+    return "\n".join(f"{i + 1:5d} {lines[i]}" for i in range(max(0, n - 4), min(len(lines), n + 2)))

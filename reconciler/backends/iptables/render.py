@@ -1,0 +1,389 @@
+"""DesiredState -> iptables model. A plain renderer: every decision is already in the document.
+
+Layout per IP family (iptables for ipv4, ip6tables for ipv6), mirroring the nftables renderer rule for
+rule; every name starts with ``RECONCILER-`` and fits the 28-character limit:
+
+nat table
+  RECONCILER-SERVICES     hooked from PREROUTING and OUTPUT; one rule per (address, port) that is
+                          DNATed, then the jump to RECONCILER-NODEPORTS for local destinations
+  RECONCILER-NODEPORTS    one rule per nodePort that is DNATed
+  RECONCILER-SVC-<hash>   ClusterIP traffic of one service port: masquerade non-pod sources, then
+                          pick an endpoint (`-m recent` affinity, `-m statistic` cascade)
+  RECONCILER-EXT-<hash>   external traffic (nodePort, externalIPs, LB IPs) of one service port
+  RECONCILER-FW-<hash>    LB IP traffic from loadBalancerSourceRanges -> EXT; the rest falls through
+                          un-DNATed (entered with -g) and is dropped by RECONCILER-FIREWALL
+  RECONCILER-SEP-<hash>   one endpoint of one service port: hairpin masquerade, affinity, DNAT
+  RECONCILER-MARK-MASQ    sets the masquerade mark 0x4000
+  RECONCILER-NON-POD-MASQ only with several cluster CIDRs: marks sources outside all of them
+  RECONCILER-POSTROUTING  hooked from POSTROUTING: masquerades marked packets
+filter table (post-DNAT; hooked from INPUT, FORWARD and OUTPUT for conntrack state NEW)
+  RECONCILER-FILTER       the hook target: jumps to the two chains below
+  RECONCILER-FIREWALL     drops LB IP traffic that was not DNATed (source outside the ranges)
+  RECONCILER-ENDPOINTS-CHECK  REJECT / DROP for addresses and nodePorts without endpoints; with
+                          serviceCIDRs: REJECT unused ports of ClusterIPs, DROP unallocated IPs
+
+Per-service rules carry ``-m comment --comment <service port id>`` (plans and service views use it).
+Every rule is written exactly as ``iptables-save`` prints it, so an observed chain compares equal to
+its rendered form argument for argument.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...state import (
+    FAMILIES, DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath,
+)
+from .save import BUILTIN_CHAINS, Rule, format_probability
+
+PREFIX = "RECONCILER-"
+SERVICES = "RECONCILER-SERVICES"
+NODEPORTS = "RECONCILER-NODEPORTS"
+MARK_MASQ = "RECONCILER-MARK-MASQ"
+NON_POD_MASQ = "RECONCILER-NON-POD-MASQ"
+POSTROUTING = "RECONCILER-POSTROUTING"
+FILTER = "RECONCILER-FILTER"
+FIREWALL = "RECONCILER-FIREWALL"
+ENDPOINTS_CHECK = "RECONCILER-ENDPOINTS-CHECK"
+SVC_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX = (f"{PREFIX}{k}-" for k in ("SVC", "EXT", "FW", "SEP"))
+SERVICE_CHAIN_PREFIXES = (SVC_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX)
+MAX_CHAIN_NAME = 28
+HASH_LEN = MAX_CHAIN_NAME - len(SVC_PREFIX)  # 13 base32 characters = 65 bits
+MASQ_MARK = "0x4000"
+JUMP_COMMENT = "service-reconciler"  # every jump rule we put into a built-in chain starts with this
+
+Args = tuple[str, ...]
+TABLES = ("filter", "nat")
+COMMANDS: dict[str, str] = {"ipv4": "iptables", "ipv6": "ip6tables"}
+
+# (table, built-in chain, extra match args, comment, target): inserted at the top of the built-in chain.
+JUMPS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
+    ("nat", "PREROUTING", (), "service portals", SERVICES),
+    ("nat", "OUTPUT", (), "service portals", SERVICES),
+    ("nat", "POSTROUTING", (), "masquerading", POSTROUTING),
+    ("filter", "INPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
+    ("filter", "FORWARD", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
+    ("filter", "OUTPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
+)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+@dataclass
+class TableState:
+    """Our part of one table: our chains (name -> rules) and our jump rules in built-in chains."""
+
+    chains: dict[str, tuple[Rule, ...]] = field(default_factory=dict)
+    jumps: tuple[Rule, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.chains and not self.jumps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "chains": {name: [r.spec() for r in rules] for name, rules in sorted(self.chains.items())},
+            "jumps": [r.to_text(counters=False) for r in self.jumps],
+        }
+
+
+@dataclass
+class IptablesModel:
+    """family ('ipv4'/'ipv6') -> table ('filter'/'nat') -> our state in it."""
+
+    families: dict[str, dict[str, TableState]] = field(default_factory=dict)
+    flavour: str | None = None  # 'nft' or 'legacy' when observed
+
+    def table(self, family: str, table: str) -> TableState:
+        return self.families.get(family, {}).get(table, TableState())
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.flavour:
+            d["flavour"] = self.flavour
+        for fam in ("ipv4", "ipv6"):
+            if fam in self.families:
+                d[fam] = {t: self.families[fam][t].to_dict() for t in TABLES if t in self.families[fam]}
+        return d
+
+
+# --------------------------------------------------------------------------- names
+
+
+def _hash(text: str) -> str:
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:HASH_LEN]
+
+
+def svc_chain(sp: ServicePort) -> str:
+    return SVC_PREFIX + _hash(sp.id)
+
+
+def ext_chain(sp: ServicePort) -> str:
+    return EXT_PREFIX + _hash(sp.id)
+
+
+def fw_chain(sp: ServicePort) -> str:
+    return FW_PREFIX + _hash(sp.id)
+
+
+def sep_chain(sp: ServicePort, ep: Endpoint) -> str:
+    return SEP_PREFIX + _hash(f"{sp.id}{ep}")
+
+
+def is_ours(chain: str) -> bool:
+    return chain.startswith(PREFIX)
+
+
+def is_service_chain(chain: str) -> bool:
+    return chain.startswith(SERVICE_CHAIN_PREFIXES)
+
+
+def jump_rule(chain: str, extra: tuple[str, ...], comment: str, target: str) -> Rule:
+    return Rule(chain, (*extra, "-m", "comment", "--comment", f"{JUMP_COMMENT} {comment}", "-j", target))
+
+
+def wanted_jumps(table: str) -> tuple[Rule, ...]:
+    return tuple(jump_rule(c, extra, comment, target) for t, c, extra, comment, target in JUMPS if t == table)
+
+
+def is_builtin(table: str, chain: str) -> bool:
+    return chain in BUILTIN_CHAINS.get(table, ())
+
+
+# --------------------------------------------------------------------------- syntax per family
+
+
+class _Family:
+    """Syntax that differs between iptables and ip6tables (all as iptables-save prints it)."""
+
+    def __init__(self, family: Family):
+        self.family = family
+        v4 = family == "ipv4"
+        self.host_len = 32 if v4 else 128
+        self.loopback = "127.0.0.0/8" if v4 else "::1/128"
+        self.mask = "255.255.255.255" if v4 else "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
+        self.reject = ("-j", "REJECT", "--reject-with", "icmp-port-unreachable" if v4 else "icmp6-port-unreachable")
+
+    def host(self, ip: str) -> str:
+        return f"{ipaddress.ip_address(ip)}/{self.host_len}"
+
+    def endpoint(self, ep: Endpoint) -> str:
+        return str(ep)  # 10.0.0.1:80 / [fd00::1]:80, as --to-destination prints it
+
+
+def cidr(c: str) -> str:
+    """A CIDR as iptables-save prints it (network address, explicit prefix length)."""
+    return str(ipaddress.ip_network(c, strict=False))
+
+
+def _comment(sid: str) -> tuple[str, ...]:
+    return ("-m", "comment", "--comment", sid)
+
+
+def _port_match(proto: str, port: int) -> tuple[str, ...]:
+    """`-p tcp` goes with the IP header fields; the `-m tcp --dport N` part comes with the matches."""
+    return ("-m", proto, "--dport", str(port))
+
+
+# --------------------------------------------------------------------------- render
+
+
+def render(desired: DesiredState) -> IptablesModel:
+    """Our chains and jumps per family (a family without service ports is omitted)."""
+    families: dict[str, dict[str, TableState]] = {}
+    for family in FAMILIES:
+        ports = [(sp, blk) for sp in desired.services if (blk := sp.family(family)) is not None]
+        if not ports:
+            continue
+        b = _Builder(_Family(family), desired.families.get(family, FamilyOptions()), desired.masqueradeAll)
+        for sp, blk in ports:
+            b.service(sp, blk)
+        families[family] = b.tables()
+    return IptablesModel(families)
+
+
+class _Builder:
+    def __init__(self, fam: _Family, opts: FamilyOptions, masquerade_all: bool):
+        self.fam = fam
+        self.opts = opts
+        self.masquerade_all = masquerade_all
+        self.nat: dict[str, list[Args]] = {}  # our nat chains as argument tuples
+        self.services: list[Rule] = []
+        self.nodeports: list[Rule] = []
+        self.firewall: list[Rule] = []
+        self.no_endpoints: list[Rule] = []
+        self.no_endpoint_nodeports: list[Rule] = []
+        self.cluster_ips: list[str] = []
+
+    # -- per service port ------------------------------------------------------------------
+
+    def service(self, sp: ServicePort, blk: ServicePortFamily) -> None:
+        sid, proto, f = sp.id, sp.protocol.lower(), self.fam
+        if blk.clusterIP not in self.cluster_ips:
+            self.cluster_ips.append(blk.clusterIP)
+        internal, external = blk.internal, blk.external
+
+        def addr_rule(chain: str, ip: str, *target: str) -> Rule:
+            return Rule(chain, ("-d", f.host(ip), "-p", proto, *_comment(sid), *_port_match(proto, sp.port), *target))
+
+        if internal.verdict == "forward":
+            name = svc_chain(sp)
+            rules = self._clusterip_masquerade(sid)
+            rules += self._select(name, sp, blk, internal.endpoints, ())
+            self.nat[name] = rules
+            self.services.append(addr_rule(SERVICES, blk.clusterIP, "-j", name))
+        else:
+            self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, blk.clusterIP, *self._verdict(internal)))
+
+        if external is None:
+            return
+        ext = self._external_chain(sp, blk, external)
+        firewall = bool(blk.loadBalancerSourceRanges and blk.loadBalancerIPs and external.verdict != "reject"
+                        and ext is not None)
+        if firewall:
+            assert ext is not None
+            fw = fw_chain(sp)
+            self.nat[fw] = [("-s", cidr(src), *_comment(sid), "-j", ext) for src in blk.loadBalancerSourceRanges]
+        for ip in blk.externalIPs:
+            if ext:
+                self.services.append(addr_rule(SERVICES, ip, "-j", ext))
+            if external.verdict != "forward":
+                self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
+        for ip in blk.loadBalancerIPs:
+            if ext:
+                self.services.append(addr_rule(SERVICES, ip, *(("-g", fw_chain(sp)) if firewall else ("-j", ext))))
+            if external.verdict != "forward":
+                self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
+            if firewall:
+                self.firewall.append(addr_rule(FIREWALL, ip, "-j", "DROP"))
+        if sp.nodePort is not None:
+            if ext:
+                self.nodeports.append(Rule(NODEPORTS, ("-p", proto, *_comment(sid), *_port_match(proto, sp.nodePort),
+                                                       "-j", ext)))
+            if external.verdict != "forward":
+                for head, match in self._nodeport_matches():
+                    self.no_endpoint_nodeports.append(Rule(ENDPOINTS_CHECK, (
+                        *head, "-p", proto, *_comment(sid), *match, *_port_match(proto, sp.nodePort),
+                        *self._verdict(external))))
+
+    def _verdict(self, path: TrafficPath) -> tuple[str, ...]:
+        return self.fam.reject if path.verdict == "reject" else ("-j", "DROP")
+
+    def _clusterip_masquerade(self, sid: str) -> list[Args]:
+        if self.masquerade_all:
+            return [(*_comment(sid), "-j", MARK_MASQ)]
+        cidrs = self.opts.clusterCIDRs
+        if len(cidrs) == 1:
+            return [("!", "-s", cidr(cidrs[0]), *_comment(sid), "-j", MARK_MASQ)]
+        if cidrs:
+            return [(*_comment(sid), "-j", NON_POD_MASQ)]
+        return []  # no way to tell pods from others: like kube-proxy without a local detector
+
+    def _external_chain(self, sp: ServicePort, blk: ServicePortFamily, external: TrafficPath) -> str | None:
+        """The chain external traffic enters, or None when nothing is DNATed for it."""
+        if external.verdict == "reject":
+            return None
+        sid, name = sp.id, ext_chain(sp)
+        rules: list[Args] = []
+        if external.policy == "Cluster":
+            rules.append((*_comment(sid), "-j", MARK_MASQ))
+            rules += self._select(name, sp, blk, external.endpoints, ())
+        else:
+            short = external.shortCircuit
+            if short:
+                for c in self.opts.clusterCIDRs:
+                    rules += self._select(name, sp, blk, short, ("-s", cidr(c)))
+                local = ("-m", "addrtype", "--src-type", "LOCAL")
+                rules.append((*_comment(sid), *local, "-j", MARK_MASQ))
+                rules += self._select(name, sp, blk, short, local)
+            if external.verdict == "forward":
+                rules += self._select(name, sp, blk, external.endpoints, ())
+            if not rules:
+                return None
+        self.nat[name] = rules
+        return name
+
+    def _select(self, chain: str, sp: ServicePort, blk: ServicePortFamily, eps: tuple[Endpoint, ...],
+                match: Args) -> list[Args]:
+        """Rules (argument tuples) that pick one of `eps`: sticky per client with affinity, then at random.
+
+        `match` restricts them: IP header fields (`-s X`) go before the comment, match modules after it,
+        which is the order iptables-save prints.
+        """
+        sid = sp.id
+        head = match if match[:1] in (("-s",), ("!",)) else ()
+        mods = match[len(head):]
+        rules: list[Args] = []
+        chains = [self._sep(sp, blk, ep) for ep in eps]
+        if sp.affinityTimeoutSeconds is not None:
+            for sep in chains:
+                rules.append((*head, *_comment(sid), *mods, "-m", "recent", "--rcheck", "--seconds",
+                              str(sp.affinityTimeoutSeconds), "--reap", "--name", sep, "--mask", self.fam.mask,
+                              "--rsource", "-j", sep))
+        n = len(chains)
+        for i, sep in enumerate(chains):
+            stat: tuple[str, ...] = ()
+            if i < n - 1:
+                stat = ("-m", "statistic", "--mode", "random", "--probability", format_probability(1.0 / (n - i)))
+            rules.append((*head, *_comment(sid), *mods, *stat, "-j", sep))
+        return rules
+
+    def _sep(self, sp: ServicePort, blk: ServicePortFamily, ep: Endpoint) -> str:
+        name = sep_chain(sp, ep)
+        if name in self.nat:
+            return name
+        sid, proto = sp.id, sp.protocol.lower()
+        rules: list[Args] = []
+        if ep in blk.hairpinEndpoints:
+            rules.append(("-s", self.fam.host(ep.ip), *_comment(sid), "-j", MARK_MASQ))
+        recent: tuple[str, ...] = ()
+        if sp.affinityTimeoutSeconds is not None:
+            recent = ("-m", "recent", "--set", "--name", name, "--mask", self.fam.mask, "--rsource")
+        rules.append(("-p", proto, *_comment(sid), *recent, "-m", proto, "-j", "DNAT", "--to-destination",
+                      self.fam.endpoint(ep)))
+        self.nat[name] = rules
+        return name
+
+    # -- the shared skeleton ---------------------------------------------------------------
+
+    def _nodeport_matches(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+        """(header args, match args) pairs, one rule each, that select local nodePort destinations."""
+        local = ("-m", "addrtype", "--dst-type", "LOCAL")
+        cidrs = self.opts.nodePortCIDRs
+        if cidrs is None:
+            return [(("!", "-d", self.fam.loopback), local)]
+        return [(("-d", cidr(c)), local) for c in cidrs]
+
+    def tables(self) -> dict[str, TableState]:
+        nat: dict[str, tuple[Rule, ...]] = {}
+        for name, rules in self.nat.items():
+            nat[name] = tuple(Rule(name, args) for args in rules)
+        services = list(self.services)
+        for head, match in self._nodeport_matches():
+            services.append(Rule(SERVICES, (*head, *match, "-j", NODEPORTS)))
+        nat[SERVICES] = tuple(services)
+        nat[NODEPORTS] = tuple(self.nodeports)
+        nat[MARK_MASQ] = (Rule(MARK_MASQ, ("-j", "MARK", "--set-xmark", f"{MASQ_MARK}/{MASQ_MARK}")),)
+        if len(self.opts.clusterCIDRs) > 1 and not self.masquerade_all:
+            nat[NON_POD_MASQ] = (*(Rule(NON_POD_MASQ, ("-s", cidr(c), "-j", "RETURN")) for c in self.opts.clusterCIDRs),
+                                 Rule(NON_POD_MASQ, ("-j", MARK_MASQ)))
+        nat[POSTROUTING] = (
+            Rule(POSTROUTING, ("-m", "mark", "!", "--mark", f"{MASQ_MARK}/{MASQ_MARK}", "-j", "RETURN")),
+            Rule(POSTROUTING, ("-j", "MARK", "--set-xmark", f"{MASQ_MARK}/0x0")),
+            Rule(POSTROUTING, ("-j", "MASQUERADE", "--random-fully")),
+        )
+        check = [*self.no_endpoints, *self.no_endpoint_nodeports]
+        if self.opts.serviceCIDRs:
+            check += [Rule(ENDPOINTS_CHECK, ("-d", self.fam.host(ip), *self.fam.reject)) for ip in self.cluster_ips]
+            check += [Rule(ENDPOINTS_CHECK, ("-d", cidr(c), "-j", "DROP")) for c in self.opts.serviceCIDRs]
+        filt: dict[str, tuple[Rule, ...]] = {
+            FILTER: (Rule(FILTER, ("-j", FIREWALL)), Rule(FILTER, ("-j", ENDPOINTS_CHECK))),
+            FIREWALL: tuple(self.firewall),
+            ENDPOINTS_CHECK: tuple(check),
+        }
+        return {"filter": TableState(filt, wanted_jumps("filter")), "nat": TableState(nat, wanted_jumps("nat"))}

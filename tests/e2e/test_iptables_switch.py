@@ -1,0 +1,305 @@
+"""iptables mode in real network namespaces: apply/plan round trip (nft and legacy flavours), foreign
+chains and rules surviving apply and cleanup, partial updates, flavour detection, switching modes.
+
+Each test gets its own throwaway netns (deleted in a finally, even on failure); the host's rules are
+never touched. No packets are sent here: traffic behaviour is covered by the shared lab tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+RECONCILER = str(REPO / ".venv" / "bin" / "reconciler")
+STATE = str(REPO / "state")
+FLAGS = ("--source", STATE, "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16")
+FLAVOURS = ("nft", "legacy")
+_seq = itertools.count()
+
+
+def _skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (creates network namespaces)"
+    for tool in ("ip", "iptables-nft-save", "iptables-legacy-save", "nft"):
+        if shutil.which(tool) is None:
+            return f"needs `{tool}` on PATH"
+    if not os.access(RECONCILER, os.X_OK):
+        return f"{RECONCILER} missing (install the package into .venv)"
+    return None
+
+
+def run(argv: list[str], *, check: bool = True, env: dict[str, str] | None = None,
+        input: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, input=input, timeout=120, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+class Netns:
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, *argv: str, check: bool = True, env: dict[str, str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return run(["ip", "netns", "exec", self.name, *argv], check=check, env=env, input=input)
+
+    def reconciler(self, *args: str, flavour: str | None = None, check: bool = True
+                   ) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ)
+        env.pop("RECONCILER_IPTABLES_FLAVOUR", None)
+        if flavour:
+            env["RECONCILER_IPTABLES_FLAVOUR"] = flavour
+        return self.run(RECONCILER, *args, check=check, env=env)
+
+    def save(self, flavour: str, cmd: str = "iptables") -> str:
+        """Save output of nat + filter without '#' lines (comparable across calls)."""
+        out = []
+        for table in ("filter", "nat"):
+            text = self.run(f"{cmd}-{flavour}-save", "-t", table).stdout
+            out += [line for line in text.splitlines() if not line.startswith("#")]
+        return "\n".join(out) + "\n"
+
+
+@pytest.fixture
+def ns() -> Iterator[Netns]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    name = f"ipt-e2e-{os.getpid()}-{next(_seq)}"
+    run(["ip", "netns", "add", name])
+    try:
+        run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"])
+        yield Netns(name)
+    finally:
+        for pid in run(["ip", "netns", "pids", name], check=False).stdout.split():
+            run(["kill", "-9", pid], check=False)
+        run(["ip", "netns", "del", name], check=False)
+        assert name not in run(["ip", "netns", "list"]).stdout.split()
+
+
+def our_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "RECONCILER" in line]
+
+
+def foreign_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "RECONCILER" not in line]
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_apply_then_plan_is_in_sync(ns: Netns, flavour: str) -> None:
+    res = ns.reconciler("apply", "--mode", "iptables", *FLAGS, "-v", flavour=flavour)
+    assert "Applied." in res.stdout
+    timings = re.findall(r"(ip6?tables)-restore \((\w+)\): (\d+) lines in ([\d.]+)s", res.stderr)
+    assert {t[0] for t in timings} == {"iptables", "ip6tables"} and {t[1] for t in timings} == {flavour}
+    print("restore timings:", timings)
+    plan = ns.reconciler("plan", "--mode", "iptables", *FLAGS, flavour=flavour, check=False)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "No changes" in plan.stdout
+    v4, v6 = ns.save(flavour), ns.save(flavour, "ip6tables")
+    assert ":RECONCILER-SERVICES - [0:0]" in v4 and ":RECONCILER-SERVICES - [0:0]" in v6
+    assert "--to-destination [fd00:244:1::20]:8443" in v6
+    other = "legacy" if flavour == "nft" else "nft"
+    assert "RECONCILER" not in ns.save(other)  # only the chosen flavour is written
+    observed = json.loads(ns.reconciler("observe", "--mode", "iptables", "-o", "json", flavour=flavour).stdout)
+    assert observed["flavour"] == flavour and set(observed["ipv4"]) == {"filter", "nat"}
+    again = ns.reconciler("apply", "--mode", "iptables", *FLAGS, flavour=flavour)
+    assert "Nothing to do." in again.stdout
+
+
+VARIANT_MANIFESTS = """\
+apiVersion: v1
+kind: Service
+metadata: {name: mixed, namespace: extra}
+spec:
+  type: NodePort
+  clusterIP: 10.96.40.1
+  clusterIPs: [10.96.40.1, "fd00:96::40:1"]
+  ipFamilies: [IPv4, IPv6]
+  externalTrafficPolicy: Local
+  internalTrafficPolicy: Local
+  sessionAffinity: ClientIP
+  ports:
+    - {name: sctp, port: 3868, protocol: SCTP, nodePort: 31868}
+    - {name: dns, port: 53, protocol: UDP}  # a UDP nodePort trips conntrack.stale_udp_flows (sorting None)
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: mixed-v4, namespace: extra, labels: {kubernetes.io/service-name: mixed}}
+addressType: IPv4
+ports: [{name: sctp, port: 3868, protocol: SCTP}, {name: dns, port: 5353, protocol: UDP}]
+endpoints:
+  - {addresses: [10.244.2.40], nodeName: node-b, conditions: {ready: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: mixed-v6, namespace: extra, labels: {kubernetes.io/service-name: mixed}}
+addressType: IPv6
+ports: [{name: sctp, port: 3868, protocol: SCTP}, {name: dns, port: 5353, protocol: UDP}]
+endpoints:
+  - {addresses: ["fd00:244:1::40"], nodeName: node-a, conditions: {ready: true}}
+  - {addresses: ["fd00:244:2::40"], nodeName: node-b, conditions: {ready: true}}
+"""
+
+VARIANTS = {
+    "dual-cidrs": ("--cluster-cidr", "10.244.0.0/16,10.245.0.0/16,fd00:244::/48",
+                   "--service-cidr", "10.96.0.0/16,fd00:96::/112"),
+    "nodeport-addresses": ("--cluster-cidr", "10.244.0.0/16", "--nodeport-addresses", "192.168.0.0/16,fd00:1::/64"),
+    "masquerade-all": ("--cluster-cidr", "10.244.0.0/16", "--masquerade-all"),
+    "no-cidrs": (),
+}
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_rendered_form_reads_back_identically(ns: Netns, tmp_path: Path, flavour: str, variant: str) -> None:
+    """SCTP/UDP, ITP+ETP Local without local endpoints (drop), affinity in both families, several cluster
+    CIDRs, service CIDRs, nodePort addresses, masquerade-all: the kernel prints back what we render."""
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    (src / "extra.yaml").write_text(VARIANT_MANIFESTS)
+    flags = ("--source", str(src), "--node-name", "node-a", *VARIANTS[variant])
+    ns.reconciler("apply", "--mode", "iptables", *flags, flavour=flavour)
+    plan = ns.reconciler("plan", "--mode", "iptables", *flags, flavour=flavour, check=False)
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    v4 = ns.save(flavour)
+    assert "-p sctp" in v4 and "-m sctp --dport 31868" in v4
+    ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)
+    assert not our_lines(ns.save(flavour)) and not our_lines(ns.save(flavour, "ip6tables"))
+
+
+# --------------------------------------------------------------------------- foreign state
+
+
+FOREIGN = {
+    "filter": """*filter
+:FORWARD DROP [0:0]
+:FOREIGN-FILTER - [0:0]
+-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+-A INPUT -j FOREIGN-FILTER
+-A FORWARD -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A FOREIGN-FILTER -s 192.0.2.0/24 -m comment --comment "keep me" -j DROP
+COMMIT
+""",
+    "nat": """*nat
+:FOREIGN-NAT - [0:0]
+-A PREROUTING -j FOREIGN-NAT
+-A POSTROUTING -o eth9 -j MASQUERADE
+-A FOREIGN-NAT -p tcp -m tcp --dport 2222 -j DNAT --to-destination 192.0.2.5:22
+COMMIT
+""",
+}
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_foreign_chains_and_rules_survive_apply_and_cleanup(ns: Netns, tmp_path: Path, flavour: str) -> None:
+    for table in ("filter", "nat"):
+        ns.run(f"iptables-{flavour}-restore", "--noflush", input=FOREIGN[table])
+    before = ns.save(flavour)
+    ns.reconciler("apply", "--mode", "iptables", *FLAGS, flavour=flavour)
+    applied = ns.save(flavour)
+    assert foreign_lines(applied) == foreign_lines(before)
+    # our jumps come first in each built-in chain; the foreign rules keep their relative order
+    for chain in ("PREROUTING", "INPUT"):
+        rules = [line for line in applied.splitlines() if line.startswith(f"-A {chain} ")]
+        assert "RECONCILER" in rules[0] and "RECONCILER" not in "".join(rules[1:])
+
+    # a changed state (one service gone, another endpoint) is applied around the foreign rules
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    (src / "monitoring" / "prometheus.yaml").unlink()
+    web = src / "default" / "web.yaml"
+    web.write_text(web.read_text().replace("10.244.3.4", "10.244.3.9"))
+    flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16")
+    ns.reconciler("apply", "--mode", "iptables", *flags, flavour=flavour)
+    assert foreign_lines(ns.save(flavour)) == foreign_lines(before)
+    assert ns.reconciler("plan", "--mode", "iptables", *flags, flavour=flavour, check=False).returncode == 0
+
+    out = ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)
+    assert "removed" in out.stdout
+    after = ns.save(flavour)
+    assert not our_lines(after) and not our_lines(ns.save(flavour, "ip6tables"))
+    assert after == before
+    out = ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)  # nothing left: a no-op
+    assert "removed 0 object(s)" in out.stdout
+    assert ns.save(flavour) == before
+
+
+def test_cleanup_on_an_empty_namespace_is_a_no_op(ns: Netns) -> None:
+    out = ns.reconciler("cleanup", "--mode", "iptables")
+    assert "removed 0 object(s)" in out.stdout
+    assert ns.reconciler("plan", "--mode", "iptables", *FLAGS, check=False).returncode == 2
+
+
+def _rule_handles(ns: Netns, chain: str) -> list[str]:
+    text = ns.run("nft", "-a", "list", "chain", "ip", "nat", chain).stdout
+    return re.findall(r"# handle (\d+)", text)
+
+
+def test_endpoint_change_rewrites_only_that_service(ns: Netns, tmp_path: Path) -> None:
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16")
+    ns.reconciler("apply", "--mode", "iptables", *flags, flavour="nft")
+    chains = re.findall(r"^:(RECONCILER-\S+)", ns.save("nft"), re.M)
+    before = {c: _rule_handles(ns, c) for c in chains if c != "RECONCILER-FILTER" and "FIREWALL" not in c
+              and "ENDPOINTS" not in c}
+    cart = src / "shop" / "cart.yaml"
+    cart.write_text(cart.read_text().replace("10.244.1.32", "10.244.1.33"))
+    plan = ns.reconciler("plan", "--mode", "iptables", *flags, "-o", "json", flavour="nft", check=False)
+    assert plan.returncode == 2
+    doc = json.loads(plan.stdout)
+    assert {s["service"] for s in doc["services"]} == {"shop/cart:http/TCP"}
+    assert {o.get("service") for o in doc["operations"]} == {"shop/cart:http/TCP"}
+    ns.reconciler("apply", "--mode", "iptables", *flags, flavour="nft")
+    after = {c: _rule_handles(ns, c) for c in before if f":{c} " in ns.save("nft")}
+    changed = {c for c in after if after[c] != before[c]} | (set(before) - set(after))
+    # the cart ClusterIP chain and its two endpoint chains (one replaced); nothing else was rewritten
+    assert len(changed) == 2 and any(c.startswith("RECONCILER-SVC-") for c in changed)
+    assert ns.reconciler("plan", "--mode", "iptables", *flags, flavour="nft", check=False).returncode == 0
+
+
+def test_flavour_follows_the_kubelet_hint(ns: Netns) -> None:
+    ns.run("iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
+    ns.reconciler("apply", "--mode", "iptables", *FLAGS)  # no override: detected
+    assert our_lines(ns.save("legacy")) and not our_lines(ns.save("nft"))
+    observed = json.loads(ns.reconciler("observe", "--mode", "iptables", "-o", "json").stdout)
+    assert observed["flavour"] == "legacy"
+    ns.reconciler("cleanup", "--mode", "iptables")
+    assert not our_lines(ns.save("legacy"))
+    assert ":KUBE-IPTABLES-HINT" in ns.run("iptables-legacy-save", "-t", "mangle").stdout
+
+
+# --------------------------------------------------------------------------- switching modes
+
+
+
+
+def test_switch_iptables_to_nftables_removes_our_chains(ns: Netns) -> None:
+    ns.reconciler("apply", "--mode", "iptables", *FLAGS, flavour="nft")
+    assert our_lines(ns.save("nft"))
+    ns.reconciler("apply", "--mode", "nftables", *FLAGS, flavour="nft")
+    assert "table ip reconciler" in ns.run("nft", "list", "tables").stdout
+    assert not our_lines(ns.save("nft")) and not our_lines(ns.save("nft", "ip6tables"))
+
+
+def test_switch_nftables_to_iptables_removes_our_tables(ns: Netns) -> None:
+    ns.reconciler("apply", "--mode", "nftables", *FLAGS, flavour="nft")
+    ns.reconciler("apply", "--mode", "iptables", *FLAGS, flavour="nft")
+    tables = ns.run("nft", "list", "tables").stdout.splitlines()
+    assert "table ip reconciler" not in tables and "table ip6 reconciler" not in tables
+    assert our_lines(ns.save("nft"))
