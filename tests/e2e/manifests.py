@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ruamel.yaml import YAML
@@ -13,6 +14,14 @@ from lab import ADDR, Lab
 
 NODE_OF = {"pod1": "node-a", "pod2": "node-a", "pod3": "node-b"}
 RECONCILER = [sys.executable, "-m", "reconciler"]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A state directory applied in the lab's node with one mode (the e2e suites run per mode)."""
+
+    source: str
+    mode: str
 
 
 def svc(name: str, ips: Sequence[str], ports: list[dict[str, Any]], ns: str = "default", **spec: Any) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from lab import ADDR
-from manifests import common_flags, eps, reconciler, svc, write_state
+from manifests import Applied, common_flags, eps, reconciler, svc, write_state
 from traffic import outcomes, servers
 
 pytestmark = pytest.mark.e2e
@@ -32,19 +32,20 @@ def state_docs(web_pods=("pod1", "pod2", "pod3")) -> list[dict]:
     ]
 
 
-@pytest.fixture(scope="module")
-def applied(lab, tmp_path_factory):
+@pytest.fixture(scope="module", params=["nftables", "iptables"])
+def applied(lab, tmp_path_factory, request):
+    mode = request.param
     src = str(tmp_path_factory.mktemp("state"))
     write_state(src, state_docs())
-    first = reconciler(lab, "plan", *common_flags(src), check=False)
+    first = reconciler(lab, "plan", *common_flags(src, mode), check=False)
     assert first.returncode == 2, first.stderr  # changes pending
-    reconciler(lab, "apply", *common_flags(src))
-    yield src
-    reconciler(lab, "cleanup", "--mode", "nftables", check=False)
+    reconciler(lab, "apply", *common_flags(src, mode))
+    yield Applied(src, mode)
+    reconciler(lab, "cleanup", "--mode", mode, check=False)
 
 
 def test_plan_is_empty_after_apply(lab, applied):
-    again = reconciler(lab, "plan", *common_flags(applied), check=False)
+    again = reconciler(lab, "plan", *common_flags(applied.source, applied.mode), check=False)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "No changes" in again.stdout
 
@@ -105,14 +106,14 @@ def test_service_without_endpoints_is_refused_at_once(lab, applied):
 
 
 def test_endpoint_change_is_followed(lab, applied):
-    write_state(applied, state_docs(web_pods=("pod1", "pod2")))
-    plan = reconciler(lab, "plan", *common_flags(applied), check=False)
+    write_state(applied.source, state_docs(web_pods=("pod1", "pod2")))
+    plan = reconciler(lab, "plan", *common_flags(applied.source, applied.mode), check=False)
     assert plan.returncode == 2
     assert "- endpoint 10.244.2.10:8080" in plan.stdout
-    reconciler(lab, "apply", *common_flags(applied))
+    reconciler(lab, "apply", *common_flags(applied.source, applied.mode))
     res = lab.tcp("ext1", ADDR["node"][4], 30080, count=30)
     assert outcomes(res) == {"ok": 30} and set(servers(res)) == {"pod1", "pod2"}
-    write_state(applied, state_docs())
-    reconciler(lab, "apply", *common_flags(applied))
+    write_state(applied.source, state_docs())
+    reconciler(lab, "apply", *common_flags(applied.source, applied.mode))
     res = lab.tcp("pod2", WEB[0], 80, count=40)
     assert set(servers(res)) == ALL
