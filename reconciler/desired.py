@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -35,6 +36,17 @@ class BuildOptions:
     nodeport_cidrs: tuple[str, ...] | None = None  # None: every local address
     masquerade_all: bool = False
     node_labels: dict[str, str] = field(default_factory=dict)  # used when no Node object is given
+
+
+def normalize_ip(text: Any) -> str | None:
+    """The canonical text of an IP address (what nft and iptables print), or None if invalid."""
+    if not isinstance(text, str):
+        return None
+    fam = socket.AF_INET6 if ":" in text else socket.AF_INET
+    try:
+        return socket.inet_ntop(fam, socket.inet_pton(fam, text))
+    except (OSError, ValueError):
+        return None
 
 
 def ip_family(addr: str) -> Family:
@@ -93,12 +105,12 @@ class _Reader:
             raise self.error(path, f"port {v} out of range 1-65535")
         return v
 
-    def ip(self, path: Path) -> str:
-        v = self.typed(path, str)
-        try:
-            return str(ipaddress.ip_address(v))
-        except ValueError:
-            raise self.error(path, f"invalid IP address {v!r}") from None
+    def ip(self, path: Path, value: Any = None) -> str:
+        v = self.typed(path, str) if value is None else value
+        ip = normalize_ip(v)
+        if ip is None:
+            raise self.error(path, f"invalid IP address {v!r}")
+        return ip
 
     def cidr(self, path: Path) -> str:
         v = self.typed(path, str)
@@ -242,9 +254,11 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     )
 
 
-def _ip_key(s: str) -> tuple[int, int, int]:
-    net = ipaddress.ip_network(s, strict=False)
-    return (net.version, int(net.network_address), net.prefixlen)
+def _ip_key(s: str) -> tuple[int, bytes, int]:
+    """Sort key for addresses and CIDRs: family, then numeric order."""
+    addr, _, plen = s.partition("/")
+    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    return (fam, socket.inet_pton(fam, addr), int(plen or 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -283,27 +297,49 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         if port is not None:
             ports.append((name, protocol, port))
     endpoints = []
-    for i, _ in enumerate(r.typed(("endpoints",), list, [])):
+    for i, raw in enumerate(r.typed(("endpoints",), list, [])):
         base = ("endpoints", i)
-        addrs = r.typed(base + ("addresses",), list, [])
-        if not addrs:
+        if not isinstance(raw, dict):
+            raise r.error(base, "expected a mapping")
+        addrs = raw.get("addresses")
+        if not isinstance(addrs, list) or not addrs:
             raise r.error(base + ("addresses",), "an endpoint needs at least one address")
-        ip = r.ip(base + ("addresses", 0))  # kube-proxy uses the first address only
+        ip = r.ip(base + ("addresses", 0), addrs[0])  # kube-proxy uses the first address only
         if ip_family(ip) != family:
             raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
-        cond = base + ("conditions",)
-        ready = r.typed(cond + ("ready",), bool, True)
-        serving = r.typed(cond + ("serving",), bool, ready)
-        terminating = r.typed(cond + ("terminating",), bool, False)
-        zones = r.typed(base + ("hints", "forZones"), list, [])
-        nodes = r.typed(base + ("hints", "forNodes"), list, [])
+        cond = raw.get("conditions") or {}
+        if not isinstance(cond, dict):
+            raise r.error(base + ("conditions",), "expected a mapping")
+        ready = _flag(r, cond, "ready", True, base)
+        serving = _flag(r, cond, "serving", ready, base)
+        terminating = _flag(r, cond, "terminating", False, base)
+        hints = raw.get("hints") or {}
+        node_name = raw.get("nodeName")
+        zone = raw.get("zone")
+        for key, value in (("nodeName", node_name), ("zone", zone)):
+            if value is not None and not isinstance(value, str):
+                raise r.error(base + (key,), f"expected string, got {_tname(type(value))}")
         endpoints.append(EndpointInfo(
-            ip=ip, port=0, ready=ready, serving=serving, terminating=terminating,
-            node=r.typed(base + ("nodeName",), str), zone=r.typed(base + ("zone",), str),
-            zoneHints=frozenset(z.get("name") for z in zones if isinstance(z, dict) and z.get("name")),
-            nodeHints=frozenset(n.get("name") for n in nodes if isinstance(n, dict) and n.get("name")),
+            ip=ip, port=0, ready=ready, serving=serving, terminating=terminating, node=node_name, zone=zone,
+            zoneHints=_hint_names(hints.get("forZones")) if hints else frozenset(),
+            nodeHints=_hint_names(hints.get("forNodes")) if hints else frozenset(),
         ))
     return _Slice(obj.namespace, service, family, tuple(ports), tuple(endpoints))
+
+
+def _flag(r: _Reader, cond: dict[str, Any], key: str, default: bool, base: Path) -> bool:
+    v = cond.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise r.error(base + ("conditions", key), f"expected boolean, got {_tname(type(v))}")
+    return v
+
+
+def _hint_names(items: Any) -> frozenset[str]:
+    if not isinstance(items, list):
+        return frozenset()
+    return frozenset(h["name"] for h in items if isinstance(h, dict) and isinstance(h.get("name"), str))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +382,7 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
     cat = categorize_endpoints(eps, node.name, node.zone, uses_cluster, uses_local)
 
     if not cat.has_any:
-        internal = TrafficPath("reject")
+        internal = TrafficPath("reject", policy="Local" if svc.itp_local else "Cluster")
     elif svc.itp_local:
         internal = TrafficPath("forward", _eps(cat.local), "Local") if cat.local else TrafficPath("drop", policy="Local")
     else:
@@ -364,10 +400,13 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
         else:
             external = TrafficPath("drop", (), policy, short)
 
-    used = set(internal.endpoints) | (set(external.endpoints) | set(external.shortCircuit) if external else set())
     # Hairpin (a pod reaching itself through its service) can only start on this node.
-    hairpin = tuple(Endpoint(e.ip, e.port) for e in eps
-                    if Endpoint(e.ip, e.port) in used and (e.node is None or e.node == node.name))
+    local = [e for e in eps if e.node is None or e.node == node.name]
+    hairpin: tuple[Endpoint, ...] = ()
+    if local:
+        paths = [internal] + ([external] if external else [])
+        used = {(x.ip, x.port) for p in paths for x in (*p.endpoints, *p.shortCircuit)}
+        hairpin = tuple(Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used)
     block = ServicePortFamily(
         family=family, clusterIP=svc.cluster_ips[family], internal=internal, external=external,
         externalIPs=ext_ips, loadBalancerIPs=lb_ips,

@@ -19,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
 Obj = dict[str, Any]
@@ -106,12 +106,15 @@ class FakeAPIServer:
         self.bookmark_interval = bookmark_interval
         self.gone_mode = gone_mode  # "event": 200 + ERROR event; "http": HTTP 410
         self.requests: list[tuple[str, dict[str, str]]] = []
+        # Called (kind, query) when a list page is ready, before it is sent (e.g. to compact).
+        self.on_list_page: Callable[[str, dict[str, str]], None] | None = None
         self.port = 0
         self._cond = threading.Condition()
         self._rv = 100
         self._compacted = 0
         self._objects: dict[str, dict[tuple[str, str], Obj]] = {k: {} for k in KINDS}
         self._events: list[_Event] = []
+        self._dropped: dict[str, int] = {}  # newest compacted-away event per kind
         self._snapshots: dict[str, tuple[int, list[Obj]]] = {}
         self._snap_ids = itertools.count(1)
         self._holds: dict[str, threading.Event] = {}
@@ -198,7 +201,9 @@ class FakeAPIServer:
         """Forget history up to now: older resourceVersions and continue tokens give 410."""
         with self._cond:
             self._compacted = self._rv
-            self._events = [e for e in self._events if e.rv > self._compacted]
+            for e in self._events:
+                self._dropped[e.kind] = max(self._dropped.get(e.kind, 0), e.rv)
+            self._events = []
             return self._compacted
 
     def close_watches(self) -> None:
@@ -328,13 +333,15 @@ class _Handler(BaseHTTPRequestHandler):
                 meta["remainingItemCount"] = len(items) - end
         body = {"kind": f"{kind.kind}List", "apiVersion": kind.api_version, "metadata": meta,
                 "items": items[start:end]}
+        if api.on_list_page is not None:
+            api.on_list_page(kind.kind, q)
         self._json(200, body)
 
     def _watch(self, kind: _Kind, q: dict[str, str]) -> None:
         api = self.api
         labels, fields = q.get("labelSelector", ""), q.get("fieldSelector", "")
         matches_labels({}, labels), matches_fields({}, fields)  # validate before answering
-        bookmarks = q.get("allowWatchBookmarks") in ("true", "1") and api.bookmark_interval
+        interval = api.bookmark_interval if q.get("allowWatchBookmarks") in ("true", "1") else None
         deadline = time.monotonic() + float(q.get("timeoutSeconds") or 1800)
         with api._cond:
             epoch, gen = api._epoch, api._watch_gen
@@ -351,24 +358,25 @@ class _Handler(BaseHTTPRequestHandler):
         if too_old:
             self._chunk({"type": "ERROR", "object": gone})
             return self._chunk(None)
-        next_bookmark = time.monotonic() + api.bookmark_interval if bookmarks else float("inf")
+        next_bookmark = time.monotonic() + interval if interval else float("inf")
         while True:
             with api._cond:
                 while True:
                     if api._epoch != epoch:  # server stopped: stop() cuts the connection
                         self.close_connection = True
                         return
-                    if last < api._compacted:  # fell behind a compaction: events are lost
-                        self._chunk({"type": "ERROR", "object": status(
-                            410, "Expired", f"too old resource version: {last} ({api._compacted})")})
-                        return self._chunk(None)
+                    lost = api._dropped.get(kind.kind, 0) > last  # compacted before we sent it
                     pending = pending_of(api, kind, last)
                     now = time.monotonic()
-                    if pending or api._watch_gen != gen or now >= min(deadline, next_bookmark):
+                    if lost or pending or api._watch_gen != gen or now >= min(deadline, next_bookmark):
                         break
                     last = api._rv  # nothing for this kind up to now
                     api._cond.wait(min(deadline, next_bookmark) - now)
-                cur, closed = api._rv, api._watch_gen != gen
+                cur, closed, compacted = api._rv, api._watch_gen != gen, api._compacted
+            if lost:
+                msg = f"too old resource version: {last} ({compacted})"
+                self._chunk({"type": "ERROR", "object": status(410, "Expired", msg)})
+                return self._chunk(None)
             for e in pending:
                 event = translate(e, labels, fields)
                 if event is not None:
@@ -380,7 +388,7 @@ class _Handler(BaseHTTPRequestHandler):
                 meta = {"resourceVersion": str(cur)}
                 self._chunk({"type": "BOOKMARK", "object": {"kind": kind.kind, "apiVersion": kind.api_version,
                                                             "metadata": meta}})
-                next_bookmark = now + (api.bookmark_interval or 0)
+                next_bookmark = now + (interval or 0.0)
 
     def _chunk(self, event: Obj | None) -> None:
         """Write one JSON line as one HTTP chunk; None writes the terminating chunk."""

@@ -1,7 +1,8 @@
 """Read a directory of Kubernetes manifests (YAML or JSON) into SourceObjects.
 
-Parsing uses ruamel.yaml's C loader for speed; when an error needs a precise place, the file is
-re-read with the round-trip loader, which knows the line and column of every key.
+Parsing uses libyaml's event parser with a small constructor for speed (fastyaml.py), falling back to
+ruamel.yaml's loaders; when an error needs a precise place, the file is re-read with the round-trip
+loader, which knows the line and column of every key.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Iterable
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from . import fastyaml
 from .objects import KINDS, InputError, InputErrors, Location, Path, SourceObject
 
 log = logging.getLogger(__name__)
@@ -108,12 +110,7 @@ def load_file(path: str) -> LoadResult:
         if path.endswith(".json"):
             docs = [json.loads(text)] if text.strip() else []
         else:
-            try:
-                docs = list(YAML(typ="safe", pure=False).load_all(text))
-            except YAMLError:
-                # libyaml speaks YAML 1.1 (e.g. no ':' inside flow scalars such as [fd00::1]); the
-                # pure loader is YAML 1.2 and has the final word, with precise error marks.
-                docs = list(YAML(typ="safe", pure=True).load_all(text))
+            docs = _load_yaml(text)
     except json.JSONDecodeError as exc:
         raise InputError(Location(path, exc.lineno, exc.colno), f"invalid JSON: {exc.msg}") from exc
     except MarkedYAMLError as exc:
@@ -130,6 +127,20 @@ def load_file(path: str) -> LoadResult:
         for item_path, obj in _expand(doc):
             _collect(path, locator, doc_index, item_path, obj, result)
     return result
+
+
+def _load_yaml(text: str) -> list[Any]:
+    """Fast path first; ruamel.yaml's loaders have the final word (and the precise error marks)."""
+    try:
+        return fastyaml.load_all(text)
+    except (fastyaml.Unsupported, YAMLError):
+        pass
+    try:
+        return list(YAML(typ="safe", pure=False).load_all(text))
+    except YAMLError:
+        # libyaml speaks YAML 1.1 (e.g. no ':' inside flow scalars such as [fd00::1]); the pure
+        # loader is YAML 1.2.
+        return list(YAML(typ="safe", pure=True).load_all(text))
 
 
 def _expand(doc: Any) -> Iterable[tuple[Path, Any]]:

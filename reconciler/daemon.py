@@ -1,0 +1,536 @@
+"""`reconciler run`: reconcile continuously from a watched directory or the Kubernetes API.
+
+The loop (kube-proxy's BoundedFrequencyRunner, simplified):
+
+* source events only mark the state dirty; syncs are coalesced: at most one per
+  min-sync-period, and at least one full resync per sync-period;
+* a normal sync is incremental: the plan is made against the model left by the last
+  successful apply (no kernel read), then applied (one atomic transaction, verified);
+* the periodic full resync re-reads the kernel; operations found although the kernel should
+  still be as we left it are drift: logged ("repaired drift: N operations"), counted, repaired;
+* invalid input never removes what is programmed: the last good DesiredState is kept, the
+  errors are logged with file:line and counted, /healthz says degraded;
+* kernel errors are logged and counted; the next sync (at the latest one sync-period later) is
+  a full one;
+* SIGTERM/SIGINT: the current transaction finishes, the kernel state stays, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
+
+from .backends.base import KernelError
+from .config import Options
+from .desired import build_desired_state
+from .health import (
+    SYSTEM_CLOCK, BindError, Clock, HTTPServerThread, ProxyHealth, ServiceHealthServers, default_hosts,
+    local_addresses, node_eligible, start_metrics_server, start_proxy_health_server,
+)
+from .metrics import Metrics, network_programming_latencies, trigger_times
+from .reconcile import Planned, apply, make_plan
+from .sources.objects import InputError, InputErrors, SourceObject
+from .sources.watch import DirectorySource, Snapshot
+from .state import DesiredState
+
+log = logging.getLogger("reconciler.daemon")
+
+Key = tuple[str, str, str]
+
+
+# ----------------------------------------------------------------------------------------------
+# Logging
+
+
+class _TextFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = _dt.datetime.fromtimestamp(record.created, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+        line = f"{ts}Z {record.levelname} {record.getMessage()}"  # fields: JSON format only
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        ts = _dt.datetime.fromtimestamp(record.created, tz=_dt.timezone.utc).isoformat(timespec="milliseconds")
+        out: dict[str, Any] = {"ts": ts.replace("+00:00", "Z"), "level": record.levelname.lower(),
+                               "msg": record.getMessage(), "logger": record.name}
+        fields = getattr(record, "fields", None)
+        if fields:
+            for k, v in fields.items():
+                out.setdefault(k, v)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup_logging(fmt: str = "text", verbose: bool = False, stream: Any = None) -> None:
+    """Root logging for the daemon: one line per record, text or JSON (ts, level, msg, fields)."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose else logging.INFO)
+    for noisy in ("kubernetes", "urllib3", "watchfiles"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _fields(**kw: Any) -> dict[str, Any]:
+    return {"fields": kw}
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources
+
+
+class Source(Protocol):
+    kind: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    def snapshot(self) -> Snapshot: ...
+
+
+class KubeSource:
+    """KubernetesSource behind the daemon's Source interface."""
+
+    kind = "kubernetes"
+
+    def __init__(self, kubeconfig: str | None, node_name: str, on_change: Callable[[], None]) -> None:
+        from .sources.kubernetes import KubernetesSource, load_api_client
+
+        try:
+            client = load_api_client(kubeconfig)
+        except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types
+            where = kubeconfig or "in-cluster service account"
+            raise ValueError(f"--source kubernetes: cannot load API client configuration ({where}): {exc}") from exc
+        self.source = KubernetesSource(client, node_name, on_change=on_change)
+
+    def start(self) -> None:
+        self.source.start()
+
+    def stop(self) -> None:
+        self.source.stop()
+
+    def ready(self) -> bool:
+        return self.source.wait_synced(0)
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(objects=self.source.snapshot(), changed=True)
+
+    @property
+    def failures(self) -> int:
+        """API errors so far (list/watch failures, each retried by the informer)."""
+        return self.source.counters.get("errors", 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class SyncReport:
+    kind: str  # full | incremental
+    ok: bool
+    operations: int = 0
+    drift: int = 0
+    added: int = 0
+    changed: int = 0
+    removed: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class _InputState:
+    errors: tuple[str, ...] = ()
+    warnings: set[str] = field(default_factory=set)
+
+
+class Daemon:
+    """The sync loop. Thread-safe `notify()`; `step()` runs at most one due sync (tests drive it
+    with a FakeClock); `run_forever(stop)` is the real loop."""
+
+    def __init__(self, opts: Options, backend: Any, source: Source | None = None, *,
+                 clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
+                 health: ProxyHealth | None = None, service_health: ServiceHealthServers | None = None) -> None:
+        if opts.sync_period <= 0:
+            raise ValueError("--sync-period must be greater than 0")
+        if opts.min_sync_period < 0:
+            raise ValueError("--min-sync-period must not be negative")
+        self.opts = opts
+        self.backend = backend
+        self.source: Source | None = source
+        self.clock = clock
+        self.metrics = metrics or Metrics()
+        self.health = health or ProxyHealth(2 * opts.sync_period, clock, node_eligible=self.node_eligible)
+        self.service_health = service_health
+        self.start_wall = clock.time()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._dirty = True  # the first sync reads the source
+        self._need_full = True
+        self._last_sync = -math.inf  # monotonic start of the last sync attempt
+        self._last_full = -math.inf
+        self.desired: DesiredState | None = None  # last good desired state
+        self.applied_desired: DesiredState | None = None
+        self.applied_model: Any = None  # the kernel model after the last successful apply
+        self._objects: dict[Key, Any] = {}
+        self._triggers: dict[Key, str] = {}  # trigger times of the input being built
+        self._applied_triggers: dict[Key, str] = {}
+        self._input = _InputState()
+        self._node: dict[str, Any] | None = None
+        self._source_errors_seen = 0
+        self.syncs: list[SyncReport] = []  # recent reports (tests, debugging)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def notify(self) -> None:
+        """The source changed (any thread): queue a sync."""
+        with self._lock:
+            self._dirty = True
+        self.health.queued_update()
+        self.metrics.last_queued.set(self.clock.time())
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def node_eligible(self) -> bool:
+        node = self._node
+        if node is None:
+            # a manifest directory need not describe the node; the API always does
+            return self.source is None or self.source.kind != "kubernetes"
+        return node_eligible(node)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def due(self) -> tuple[str | None, float]:
+        """(kind of sync due now or None, seconds until the next one may be due)."""
+        now = self.clock.monotonic()
+        if self.source is not None and not self.source.ready():
+            return None, 1.0  # no sync with a half-listed cache; notify() wakes us when synced
+        with self._lock:
+            dirty = self._dirty
+        earliest = self._last_sync + self.opts.min_sync_period
+        full_at = max(self._last_full + self.opts.sync_period, earliest)
+        full = self._need_full or self.applied_model is None or now >= full_at
+        if dirty:
+            if now >= earliest:
+                return ("full" if full else "incremental"), 0.0
+            return None, earliest - now
+        if now >= full_at:
+            return "full", 0.0
+        return None, full_at - now
+
+    def step(self) -> SyncReport | None:
+        kind, _ = self.due()
+        return self.sync(kind) if kind else None
+
+    def run_forever(self, stop: threading.Event) -> None:
+        self.health.updated()  # like kube-proxy's SyncLoop start
+        self.metrics.last_queued.set(self.clock.time())
+        while not stop.is_set():
+            self._wake.clear()
+            self._poll_source_errors()
+            kind, wait = self.due()
+            if kind is not None:
+                self.sync(kind)
+                continue
+            self._wake.wait(min(max(wait, 0.0), 5.0))
+
+    def _poll_source_errors(self) -> None:
+        n = getattr(self.source, "failures", 0)
+        if isinstance(n, int) and n > self._source_errors_seen:
+            self.metrics.source_errors.labels("source").inc(n - self._source_errors_seen)
+            self._source_errors_seen = n
+
+    # -- input -------------------------------------------------------------------------------
+
+    def _refresh_desired(self) -> None:
+        assert self.source is not None
+        try:
+            snap = self.source.snapshot()
+        except Exception as exc:  # noqa: BLE001 - a source failure is an input problem, never a wipe
+            log.exception("reading the source failed")
+            self._input_failed([f"source: {exc}"])
+            return
+        if not snap.changed and self.desired is not None and not self._input.errors:
+            return
+        if snap.reread or snap.removed:
+            log.debug("re-read %s; dropped %s", ", ".join(snap.reread) or "nothing",
+                      ", ".join(snap.removed) or "nothing", extra=_fields(reread=snap.reread, removed=snap.removed))
+        objects = snap.objects
+        errors: list[InputError] = list(snap.errors)
+        desired = None
+        excluded: list[str] = []
+        if not errors:
+            desired, errors, excluded = self._build(objects)
+        if errors and desired is None:
+            self._input_failed([str(e) for e in errors])
+            return
+        for w in [*snap.warnings, *desired.warnings]:  # type: ignore[union-attr]
+            if w not in self._input.warnings:
+                log.warning("%s", w)
+        self._input.warnings = {*snap.warnings, *desired.warnings}  # type: ignore[union-attr]
+        if excluded:
+            # Kubernetes objects we cannot use are skipped one by one (like kube-proxy does)
+            self._input_failed([str(e) for e in errors], kept=False)
+        else:
+            self._input_ok()
+        self._count_changes(objects)
+        self._node = next((dict(o.body) for o in objects if o.kind == "Node" and o.name == self.opts.node_name),
+                          None)
+        self._triggers = trigger_times(objects)
+        self.desired = desired
+
+    def _build(self, objects: list[SourceObject]) -> tuple[DesiredState | None, list[InputError], list[str]]:
+        """Build the desired state; from the API, objects named by errors are dropped and the
+        build retried, from a directory any error rejects the whole input."""
+        opts = self.opts.build_options()
+        excluded: list[str] = []
+        all_errors: list[InputError] = []
+        current = list(objects)
+        for _ in range(5):
+            try:
+                return build_desired_state(current, opts), all_errors, excluded
+            except (InputErrors, InputError) as exc:
+                errors = exc.errors if isinstance(exc, InputErrors) else [exc]
+                all_errors.extend(errors)
+                if self.source is None or self.source.kind != "kubernetes":
+                    return None, all_errors, excluded
+                names = {str(e.location) for e in errors}
+                bad = [o for o in current
+                       if str(o.location) in names or f"{o.kind} {o.namespace}/{o.name}" in names]
+                if not bad:
+                    return None, all_errors, excluded
+                bad_ids = {id(o) for o in bad}
+                excluded += [f"{o.kind} {o.namespace}/{o.name}" for o in bad]
+                current = [o for o in current if id(o) not in bad_ids]
+        return None, all_errors, excluded
+
+    def _input_failed(self, messages: list[str], kept: bool = True) -> None:
+        key = tuple(messages)
+        if key != self._input.errors:
+            new = [m for m in messages if m not in self._input.errors]
+            what = "keeping the last good state" if kept else "skipping the objects"
+            for m in messages:
+                log.error("invalid input (%s): %s", what, m, extra=_fields(error=m))
+            self.metrics.source_errors.labels("invalid").inc(len(new))
+            self._input.errors = key
+        summary = messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else "")
+        self.health.set_input_error(summary)
+        self.metrics.degraded.set(1)
+
+    def _input_ok(self) -> None:
+        if self._input.errors:
+            log.info("input is valid again")
+        self._input.errors = ()
+        self.health.set_input_error(None)
+        self.metrics.degraded.set(0)
+
+    def _count_changes(self, objects: Iterable[SourceObject]) -> None:
+        new = {o.key: o.body for o in objects if o.kind in ("Service", "EndpointSlice")}
+        old = self._objects
+        for key in set(new) | set(old):
+            if old.get(key) != new.get(key):
+                (self.metrics.service_changes if key[0] == "Service" else self.metrics.endpoint_changes).inc()
+        self._objects = new
+
+    # -- syncing -----------------------------------------------------------------------------
+
+    def sync(self, kind: str) -> SyncReport:
+        start = self.clock.monotonic()
+        with self._lock:
+            was_dirty, self._dirty = self._dirty, False
+        full = kind == "full"
+        self._last_sync = start
+        if full:
+            self._last_full = start
+        if self.source is not None and (was_dirty or full or self.desired is None):
+            self._refresh_desired()
+        if self.desired is None:  # never had valid input: leave the kernel alone
+            self.health.updated()
+            report = SyncReport(kind, ok=True)
+            log.info("sync %s: no valid input yet, kernel left as it is", kind, extra=_fields(sync=kind))
+            return self._remember(report)
+        report = self._sync_kernel(full, start)
+        if not report.ok and not full:
+            log.warning("incremental sync failed (%s); retrying with a full resync", report.error,
+                        extra=_fields(sync=kind, error=report.error))
+            self._last_full = start
+            report = self._sync_kernel(True, start)
+        return self._remember(report)
+
+    def _remember(self, report: SyncReport) -> SyncReport:
+        self.syncs.append(report)
+        del self.syncs[:-50]
+        return report
+
+    def _sync_kernel(self, full: bool, start: float) -> SyncReport:
+        kind = "full" if full else "incremental"
+        desired = self.desired
+        assert desired is not None
+        try:
+            if full or self.applied_model is None:
+                planned = make_plan(self.backend, desired)
+            else:
+                planned = make_plan(self.backend, desired, observed_model=self.applied_model)
+            ops = planned.plan.operations
+            drift = self._drift(full, desired, planned)
+            after = apply(self.backend, planned) if ops else planned.observed_model
+        except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
+            return self._failed(kind, start, exc, quiet=not full)
+        seconds = self.clock.monotonic() - start
+        self.applied_model = after
+        self.applied_desired = desired
+        self._need_full = False
+        counts = {a: sum(1 for s in planned.plan.services if s.action == a) for a in "+~-"}
+        report = SyncReport(kind, True, len(ops), drift, counts["+"], counts["~"], counts["-"], seconds)
+        if drift:
+            log.warning("repaired drift: %d operations", drift, extra=_fields(drift_operations=drift))
+            self.metrics.drift_repairs.inc()
+            self.metrics.drift_operations.inc(drift)
+        self._after_success(report, desired, ops)
+        return report
+
+    def _drift(self, full: bool, desired: DesiredState, planned: Planned) -> int:
+        """Operations a full resync needs although the kernel should be as we left it."""
+        if not full or self.applied_model is None or not planned.plan.operations:
+            return 0
+        if desired == self.applied_desired:
+            return len(planned.plan.operations)
+        # input changed too: drift is what separates the kernel from what we last applied
+        return len(self.backend.diff(self.applied_model, planned.observed_model))
+
+    def _failed(self, kind: str, start: float, exc: Exception, quiet: bool) -> SyncReport:
+        seconds = self.clock.monotonic() - start
+        msg = str(exc).strip() or type(exc).__name__
+        self._need_full = True
+        self.metrics.syncs.labels(kind, "error").inc()
+        if not quiet:
+            self.metrics.kernel_errors.inc()
+            if isinstance(exc, (KernelError, OSError)):
+                log.error("sync %s failed: %s", kind, msg, extra=_fields(sync=kind, error=msg))
+            else:
+                log.exception("sync %s failed: %s", kind, msg, extra=_fields(sync=kind, error=msg))
+            self.health.queued_update()  # something is still to be done: ages toward unhealthy
+        return SyncReport(kind, False, seconds=seconds, error=msg)
+
+    def _after_success(self, report: SyncReport, desired: DesiredState, ops: list[Any]) -> None:
+        m = self.metrics
+        m.sync_duration.observe(report.seconds)
+        (m.full_sync_duration if report.kind == "full" else m.partial_sync_duration).observe(report.seconds)
+        m.last_sync.set(self.clock.time())
+        m.syncs.labels(report.kind, "success").inc()
+        m.observe_operations(ops)
+        m.set_no_local_endpoints(desired)
+        m.services.set(len(desired.services))
+        for latency in network_programming_latencies(self._applied_triggers, self._triggers,
+                                                     self.clock.time(), self.start_wall):
+            m.network_programming.observe(latency)
+        self._applied_triggers = dict(self._triggers)
+        self.health.updated()
+        if self.service_health is not None:
+            self.service_health.sync(desired.healthChecks)
+        log.info("sync %s: service ports +%d ~%d -%d, %d operations, %.1fms", report.kind, report.added,
+                 report.changed, report.removed, report.operations, report.seconds * 1000,
+                 extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
+                               removed=report.removed, operations=report.operations,
+                               duration_ms=round(report.seconds * 1000, 1), services=len(desired.services)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point
+
+
+def run(args: argparse.Namespace, opts: Options) -> int:
+    """`reconciler run`: returns the exit code (0 after SIGTERM/SIGINT)."""
+    from .backends import get_backend
+
+    setup_logging(getattr(args, "log_format", "text") or "text", bool(getattr(args, "verbose", False)))
+    backend = get_backend(opts.mode)
+    metrics = Metrics()
+    daemon = Daemon(opts, backend, None, metrics=metrics)
+    if opts.nodeport_cidrs is None:
+        hosts: Any = default_hosts()
+    else:
+        cidrs = opts.nodeport_cidrs
+        hosts = lambda: local_addresses(cidrs)  # noqa: E731
+    daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts)
+
+    servers: list[HTTPServerThread] = []
+    source: Source | None = None
+    stop = threading.Event()
+    saved_handlers: dict[int, Any] = {}
+    try:
+        try:
+            for srv in (start_proxy_health_server(opts.healthz_bind_address, daemon.health, metrics),
+                        start_metrics_server(opts.metrics_bind_address, metrics.registry, opts.mode)):
+                if srv is not None:
+                    servers.append(srv)
+                    log.info("serving %s on %s", srv.what, srv.address, extra=_fields(address=srv.address))
+        except (BindError, ValueError) as exc:
+            log.error("%s", exc)
+            return 1
+        if args.source == "kubernetes":
+            source = KubeSource(getattr(args, "kubeconfig", None), opts.node_name, daemon.notify)
+        else:
+            source = DirectorySource(args.source, daemon.notify)
+        daemon.source = source
+        saved_handlers = _install_signal_handlers(stop, daemon)
+        source.start()
+        log.info("service-reconciler running: mode %s, node %s, source %s, sync period %gs, min sync period %gs",
+                 opts.mode, opts.node_name, args.source, opts.sync_period, opts.min_sync_period,
+                 extra=_fields(mode=opts.mode, node=opts.node_name, source=args.source))
+        if source.kind == "kubernetes":
+            log.info("waiting for the Service, EndpointSlice and Node caches to sync")
+        daemon.run_forever(stop)
+        log.info("stopping; kernel state left in place")
+        return 0
+    except (InputError, ValueError) as exc:
+        log.error("%s", exc)
+        return 1
+    finally:
+        if source is not None:
+            source.stop()
+        if daemon.service_health is not None:
+            daemon.service_health.close()
+        for srv in servers:
+            srv.close()
+        for signum, previous in saved_handlers.items():
+            signal.signal(signum, previous)
+
+
+def _install_signal_handlers(stop: threading.Event, daemon: Daemon) -> dict[int, Any]:
+    """SIGTERM/SIGINT only set the stop flag: the sync in progress completes (its transaction is
+    atomic anyway), then the loop exits. Returns the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def handler(signum: int, _frame: Any) -> None:
+        if not stop.is_set():
+            log.info("received %s: finishing the current sync, then exiting", signal.Signals(signum).name)
+        stop.set()
+        daemon.wake()
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        previous[signum] = signal.signal(signum, handler)
+    return previous

@@ -1,0 +1,464 @@
+"""HTTP endpoints of `reconciler run`, with kube-proxy's semantics (pkg/proxy/healthcheck):
+
+* /healthz and /livez (the proxier health server, default 0.0.0.0:10256);
+* /metrics (Prometheus text, default 127.0.0.1:10249);
+* one healthCheckNodePort server per ETP=Local LoadBalancer Service (service health).
+
+Every server is an http.server ThreadingHTTPServer in its own daemon thread. Time comes from an
+injectable clock so the 2 x syncPeriod boundary can be tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import errno
+import ipaddress
+import json
+import logging
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socketserver import TCPServer
+from typing import Any, Callable, Iterable, Sequence
+
+from .state import HealthCheck
+
+log = logging.getLogger(__name__)
+
+FAMILY_NAMES = ("IPv4", "IPv6")
+TO_BE_DELETED_TAINT = "ToBeDeletedByClusterAutoscaler"
+
+
+class Clock:
+    """Wall time (for the JSON bodies) and monotonic time (for timeouts)."""
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+
+class FakeClock(Clock):
+    """A clock that only moves when told to (tests)."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.t = start
+        self._lock = threading.Lock()
+
+    def time(self) -> float:
+        with self._lock:
+            return self.t
+
+    def monotonic(self) -> float:
+        return self.time()
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self.t += seconds
+
+
+SYSTEM_CLOCK = Clock()
+GO_ZERO_TIME = "0001-01-01T00:00:00Z"  # how kube-proxy (Go) prints "never"
+
+
+def rfc3339(ts: float) -> str:
+    """Epoch seconds -> RFC 3339 in UTC with trailing fractional zeros trimmed (like Go's RFC3339Nano)."""
+    t = _dt.datetime.fromtimestamp(ts, tz=_dt.timezone.utc)
+    text = t.strftime("%Y-%m-%dT%H:%M:%S")
+    if t.microsecond:
+        text += f".{t.microsecond:06d}".rstrip("0")
+    return text + "Z"
+
+
+def node_eligible(node: dict[str, Any] | None) -> bool:
+    """kube-proxy's NodeEligible: the node exists, is not being deleted and is not about to be
+    removed by the cluster autoscaler."""
+    if node is None:
+        return False
+    meta = node.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return False
+    taints = (node.get("spec") or {}).get("taints") or []
+    return not any(isinstance(t, dict) and t.get("key") == TO_BE_DELETED_TAINT for t in taints)
+
+
+class ProxyHealth:
+    """kube-proxy's ProxyHealthServer state: healthy unless a queued update has waited at least
+    `timeout` (2 x syncPeriod) without a successful sync.
+
+    `queued_update()` when a change is queued (sets the oldest pending time if unset);
+    `updated()` after each successful sync (clears it, records lastUpdated).
+    Ours on top: `set_input_error()` marks the input degraded (the last good state is kept).
+    """
+
+    def __init__(self, timeout: float, clock: Clock = SYSTEM_CLOCK,
+                 node_eligible: Callable[[], bool] | None = None,
+                 families: Sequence[str] = FAMILY_NAMES) -> None:
+        self.timeout = timeout
+        self.clock = clock
+        self._node_eligible = node_eligible or (lambda: True)
+        self._families = tuple(families)
+        self._lock = threading.Lock()
+        self._last_updated: float | None = None  # wall time
+        self._oldest_pending: float | None = None  # monotonic
+        self._last_error: str | None = None
+        self._last_error_time: float | None = None
+
+    def queued_update(self) -> None:
+        with self._lock:
+            if self._oldest_pending is None:
+                self._oldest_pending = self.clock.monotonic()
+
+    def updated(self) -> None:
+        with self._lock:
+            self._oldest_pending = None
+            self._last_updated = self.clock.time()
+
+    def set_input_error(self, message: str | None) -> None:
+        with self._lock:
+            if message is None:
+                self._last_error = self._last_error_time = None
+            else:
+                self._last_error = message
+                self._last_error_time = self.clock.time()
+
+    @property
+    def healthy(self) -> bool:
+        """The proxier part of the health (what the service health servers use)."""
+        with self._lock:
+            return self._healthy_locked(self.clock.monotonic())
+
+    def _healthy_locked(self, mono: float) -> bool:
+        if self._last_updated is None:  # never updated: starting up, healthy (like upstream)
+            return True
+        return self._oldest_pending is None or mono - self._oldest_pending < self.timeout
+
+    def node_eligible(self) -> bool:
+        try:
+            return bool(self._node_eligible())
+        except Exception:  # noqa: BLE001 - a broken probe must not break /healthz
+            log.exception("node eligibility check failed")
+            return False
+
+    def body(self, with_node: bool) -> tuple[int, dict[str, Any]]:
+        """(status code, JSON body) for /healthz (with_node) or /livez."""
+        eligible = self.node_eligible() if with_node else True
+        with self._lock:
+            wall, mono = self.clock.time(), self.clock.monotonic()
+            healthy = self._healthy_locked(mono)
+            last = self._last_updated
+            error, error_time = self._last_error, self._last_error_time
+        ok = healthy and eligible
+        last_text = rfc3339(wall) if ok else (rfc3339(last) if last is not None else GO_ZERO_TIME)
+        body: dict[str, Any] = {"lastUpdated": last_text, "currentTime": rfc3339(wall)}
+        if with_node:
+            body["nodeEligible"] = eligible
+        body["healthy"] = healthy
+        if last is not None:
+            body["status"] = {f: {"lastUpdated": rfc3339(last), "healthy": healthy} for f in self._families}
+        body["degraded"] = error is not None
+        if error is not None:
+            body["lastError"] = error
+            body["lastErrorTime"] = rfc3339(error_time or wall)
+        return (200 if ok else 503), body
+
+
+# ----------------------------------------------------------------------------------------------
+# HTTP plumbing
+
+
+class BindError(Exception):
+    """A server could not listen on its address."""
+
+
+def parse_bind_address(text: str, what: str) -> tuple[str, int]:
+    """'0.0.0.0:10256', '[::]:10256', ':10256' (all IPv4 addresses) -> (host, port)."""
+    host, sep, port_text = text.strip().rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"{what}: invalid bind address {text!r} (expected HOST:PORT, e.g. 0.0.0.0:10256)")
+    host = host.strip("[]") or "0.0.0.0"
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError(f"{what}: invalid port in {text!r}")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"{what}: bind address {text!r} must be an IP address") from None
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], **attrs: Any) -> None:
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        for k, v in attrs.items():
+            setattr(self, k, v)
+        super().__init__((host, port), handler)
+
+    def server_bind(self) -> None:
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        TCPServer.server_bind(self)  # HTTPServer's would do a (slow) reverse DNS lookup
+        self.server_name = str(self.server_address[0])
+        self.server_port = int(self.server_address[1])
+
+
+class HTTPServerThread:
+    """One listening server running serve_forever in a daemon thread."""
+
+    def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], what: str,
+                 **attrs: Any) -> None:
+        try:
+            self.server = _Server(host, port, handler, **attrs)
+        except OSError as exc:
+            raise BindError(f"{what}: cannot listen on {format_address(host, port)}: {exc.strerror or exc}") from exc
+        self.what = what
+        self.host = host
+        self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                       name=f"http-{what}-{self.port}", daemon=True)
+        self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return format_address(self.host, self.port)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(2.0)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # idle keep-alive connections go away
+    server_version = "service-reconciler"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("X-Content-Type-Options", "nosniff")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_HEAD(self) -> None:
+        self.do_GET()
+
+    def do_GET(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class _ProxyHealthHandler(_Handler):
+    server: Any
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path not in ("/healthz", "/livez"):
+            self.send(404, b"404 page not found\n", "text/plain; charset=utf-8")
+            return
+        health: ProxyHealth = self.server.health
+        code, body = health.body(with_node=path == "/healthz")
+        counter = self.server.counters.get(path)
+        if counter is not None:
+            counter.labels(str(code)).inc()
+        self.send(code, json.dumps(body, separators=(",", ":")).encode(), "application/json")
+
+
+def start_proxy_health_server(address: str, health: ProxyHealth, metrics: Any = None) -> HTTPServerThread | None:
+    """/healthz + /livez on `address` ('' disables); raises BindError."""
+    if not address:
+        return None
+    host, port = parse_bind_address(address, "--healthz-bind-address")
+    counters = {"/healthz": metrics.healthz, "/livez": metrics.livez} if metrics is not None else {}
+    return HTTPServerThread(host, port, _ProxyHealthHandler, "healthz", health=health, counters=counters)
+
+
+class _MetricsHandler(_Handler):
+    server: Any
+
+    def do_GET(self) -> None:
+        from prometheus_client.exposition import choose_encoder
+
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            self.send(200, encoder(self.server.registry), content_type)
+        elif path == "/proxyMode":
+            self.send(200, self.server.mode.encode(), "text/plain; charset=utf-8")
+        elif path == "/healthz":
+            self.send(200, b"ok", "text/plain; charset=utf-8")
+        else:
+            self.send(404, b"404 page not found\n", "text/plain; charset=utf-8")
+
+
+def start_metrics_server(address: str, registry: Any, mode: str = "") -> HTTPServerThread | None:
+    """/metrics (+ /proxyMode, /healthz like kube-proxy's metrics server); '' disables."""
+    if not address:
+        return None
+    host, port = parse_bind_address(address, "--metrics-bind-address")
+    return HTTPServerThread(host, port, _MetricsHandler, "metrics", registry=registry, mode=mode)
+
+
+# ----------------------------------------------------------------------------------------------
+# healthCheckNodePort servers
+
+
+@dataclass
+class _ServiceEntry:
+    namespace: str
+    name: str
+    port: int
+    local_endpoints: int
+    servers: list[HTTPServerThread] = field(default_factory=list)
+
+
+def service_health_body(entry: _ServiceEntry, proxy_healthy: bool) -> tuple[int, bytes, dict[str, str]]:
+    """kube-proxy's service health answer: 200 iff local endpoints and the proxy is healthy."""
+    count = entry.local_endpoints
+    body = json.dumps({"service": {"namespace": entry.namespace, "name": entry.name},
+                       "localEndpoints": count, "serviceProxyHealthy": proxy_healthy}, indent="\t")
+    code = 200 if count != 0 and proxy_healthy else 503
+    return code, body.encode(), {"X-Load-Balancing-Endpoint-Weight": str(count)}
+
+
+class _ServiceHealthHandler(_Handler):
+    server: Any
+
+    def do_GET(self) -> None:  # any path, like upstream
+        owner: ServiceHealthServers = self.server.owner
+        entry = owner.entry(self.server.service)
+        if entry is None:  # closed concurrently
+            self.send(503, b"", "application/json")
+            return
+        code, body, headers = service_health_body(entry, owner.proxy_healthy())
+        self.send(code, body, "application/json", headers)
+
+
+def default_hosts() -> list[str]:
+    hosts = ["0.0.0.0"]
+    if socket.has_ipv6:
+        hosts.append("::")
+    return hosts
+
+
+def local_addresses(cidrs: Iterable[str]) -> list[str]:
+    """This host's addresses inside `cidrs` (for --nodeport-addresses), via `ip -j addr`."""
+    nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
+    try:
+        out = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=10,
+                             check=True).stdout
+        links = json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        log.warning("cannot list local addresses (%s); health check servers listen on all", exc)
+        return default_hosts()
+    addrs = []
+    for link in links:
+        for info in link.get("addr_info", []):
+            try:
+                ip = ipaddress.ip_address(info.get("local", ""))
+            except ValueError:
+                continue
+            if ip.is_link_local:
+                continue
+            if any(ip.version == n.version and ip in n for n in nets):
+                addrs.append(str(ip))
+    return addrs
+
+
+class ServiceHealthServers:
+    """healthCheckNodePort servers, one per Service with a health check: opened when a service
+    appears, closed when it goes (or moves port), counts updated in place. A port that cannot be
+    bound is logged and retried at the next sync."""
+
+    def __init__(self, proxy_healthy: Callable[[], bool],
+                 hosts: Callable[[], Sequence[str]] | Sequence[str] | None = None) -> None:
+        self.proxy_healthy = proxy_healthy
+        self._hosts = hosts
+        self._lock = threading.Lock()
+        self._entries: dict[str, _ServiceEntry] = {}
+
+    def hosts(self) -> list[str]:
+        if self._hosts is None:
+            return default_hosts()
+        return list(self._hosts() if callable(self._hosts) else self._hosts)
+
+    def entry(self, service: str) -> _ServiceEntry | None:
+        with self._lock:
+            return self._entries.get(service)
+
+    @property
+    def services(self) -> dict[str, int]:
+        """Service -> port of every open server."""
+        with self._lock:
+            return {s: e.port for s, e in self._entries.items()}
+
+    def sync(self, checks: Iterable[HealthCheck]) -> list[str]:
+        """Make the servers match `checks`; returns the error messages of ports that failed."""
+        want = {h.service: h for h in checks}
+        to_close: list[_ServiceEntry] = []
+        with self._lock:
+            for svc, e in list(self._entries.items()):
+                h = want.get(svc)
+                if h is None or h.nodePort != e.port:
+                    to_close.append(self._entries.pop(svc))
+                else:
+                    e.local_endpoints = h.localEndpoints
+            missing = [h for svc, h in want.items() if svc not in self._entries]
+        for e in to_close:
+            for srv in e.servers:
+                srv.close()
+            log.info("closed health check server for %s on port %d", f"{e.namespace}/{e.name}", e.port)
+        errors = []
+        if missing:
+            hosts = self.hosts()
+        for h in missing:
+            namespace, _, name = h.service.partition("/")
+            entry = _ServiceEntry(namespace, name, h.nodePort, h.localEndpoints)
+            failures = []
+            for host in hosts:
+                try:
+                    entry.servers.append(HTTPServerThread(host, h.nodePort, _ServiceHealthHandler,
+                                                          f"healthcheck {h.service}", owner=self,
+                                                          service=h.service))
+                except BindError as exc:
+                    cause = exc.__cause__
+                    if ":" in host and isinstance(cause, OSError) and cause.errno in (
+                            errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                        continue  # no IPv6 here
+                    failures.append(str(exc))
+            if entry.servers:
+                with self._lock:
+                    self._entries[h.service] = entry
+                log.info("started health check server for %s on port %d (%d local endpoints)",
+                         h.service, h.nodePort, h.localEndpoints)
+            for f in failures:
+                msg = f"failed to start healthcheck {h.service!r} on port {h.nodePort}: {f}"
+                log.warning("%s", msg)
+                errors.append(msg)
+        return errors
+
+    def close(self) -> None:
+        with self._lock:
+            entries = list(self._entries.values())
+            self._entries.clear()
+        for e in entries:
+            for srv in e.servers:
+                srv.close()

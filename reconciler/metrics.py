@@ -1,0 +1,158 @@
+"""Prometheus metrics for `reconciler run` (own CollectorRegistry, never the global one).
+
+Names follow kube-proxy (pkg/proxy/metrics) where they mean the same thing; ours start with
+`reconciler_`. One sync programs both IP families in one transaction, so the sync metrics carry
+no ip_family label.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from .sources.objects import SourceObject
+from .state import DesiredState
+
+log = logging.getLogger(__name__)
+
+# kube-proxy: metrics.ExponentialBuckets(0.001, 2, 15)
+SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+# kube-proxy: merge(LinearBuckets(0.25, 0.25, 2), LinearBuckets(1, 1, 59), LinearBuckets(60, 5, 12),
+# LinearBuckets(120, 30, 7)); its merge() starts from a 0 element.
+NETWORK_PROGRAMMING_BUCKETS = tuple(
+    [0.0, 0.25, 0.5] + [float(i) for i in range(1, 60)] + [60.0 + 5 * i for i in range(12)]
+    + [120.0 + 30 * i for i in range(7)]
+)
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
+class Metrics:
+    """Every metric the daemon exports, registered in `self.registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.sync_duration = Histogram(
+            "kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
+            buckets=SYNC_BUCKETS, registry=r)
+        self.full_sync_duration = Histogram(
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs", buckets=SYNC_BUCKETS, registry=r)
+        self.partial_sync_duration = Histogram(
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs", buckets=SYNC_BUCKETS, registry=r)
+        self.last_sync = Gauge(
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced", registry=r)
+        self.last_queued = Gauge(
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued", registry=r)
+        self.network_programming = Histogram(
+            "kubeproxy_network_programming_duration_seconds", "In Cluster Network Programming Latency in seconds",
+            buckets=NETWORK_PROGRAMMING_BUCKETS, registry=r)
+        self.endpoint_changes = Counter(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes",
+            registry=r)
+        self.service_changes = Counter(
+            "kubeproxy_sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes",
+            registry=r)
+        self.no_local_endpoints = Gauge(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints", ["traffic_policy"], registry=r)
+        for policy in ("internal", "external"):
+            self.no_local_endpoints.labels(policy).set(0)
+        self.healthz = Counter("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status",
+                               ["code"], registry=r)
+        self.livez = Counter("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status",
+                             ["code"], registry=r)
+        # ours
+        self.drift_repairs = Counter(
+            "reconciler_drift_repairs_total",
+            "Full resyncs that found the kernel changed behind our back (and repaired it)", registry=r)
+        self.drift_operations = Counter(
+            "reconciler_drift_operations_total", "Kernel operations needed to repair drift", registry=r)
+        self.source_errors = Counter(
+            "reconciler_source_errors_total",
+            "Input errors: invalid manifests/objects (reason=invalid) or source failures (reason=source)",
+            ["reason"], registry=r)
+        self.kernel_errors = Counter(
+            "reconciler_kernel_errors_total", "Failed syncs: a kernel tool failed or did not converge", registry=r)
+        self.kernel_operations = Counter(
+            "reconciler_kernel_operations_total", "Kernel operations applied", ["action"], registry=r)
+        self.syncs = Counter("reconciler_syncs_total", "Syncs by type (full, incremental) and result",
+                             ["type", "result"], registry=r)
+        self.degraded = Gauge("reconciler_input_degraded",
+                              "1 while the current input is invalid and the last good state is kept", registry=r)
+        self.services = Gauge("reconciler_service_ports", "Service ports in the applied desired state", registry=r)
+        for reason in ("invalid", "source"):
+            self.source_errors.labels(reason)
+        for action in ("add", "delete", "replace"):
+            self.kernel_operations.labels(action)
+        for kind in ("full", "incremental"):
+            for result in ("success", "error"):
+                self.syncs.labels(kind, result)
+
+    def observe_operations(self, ops: Iterable[Any]) -> None:
+        names = {"+": "add", "-": "delete", "~": "replace"}
+        for op in ops:
+            self.kernel_operations.labels(names.get(op.action, str(op.action))).inc()
+
+    def set_no_local_endpoints(self, desired: DesiredState) -> None:
+        self.no_local_endpoints.labels("internal").set(no_local_endpoints(desired, "internal"))
+        self.no_local_endpoints.labels("external").set(no_local_endpoints(desired, "external"))
+
+
+def no_local_endpoints(desired: DesiredState, policy: str) -> int:
+    """Service ports (per IP family, like kube-proxy's per-family proxiers summed) whose traffic
+    policy is Local and that have no local endpoint to send that traffic to."""
+    n = 0
+    for sp in desired.services:
+        for fam in sp.families:
+            path = fam.internal if policy == "internal" else fam.external
+            if path is not None and path.policy == "Local" and not path.endpoints:
+                n += 1
+    return n
+
+
+def trigger_times(objects: Iterable[SourceObject]) -> dict[tuple[str, str, str], str]:
+    """EndpointSlice key -> its last-change-trigger-time annotation (when present)."""
+    out = {}
+    for obj in objects:
+        if obj.kind != "EndpointSlice":
+            continue
+        meta = obj.body.get("metadata") if isinstance(obj.body, dict) else None
+        ann = meta.get("annotations") if isinstance(meta, dict) else None
+        value = ann.get(TRIGGER_TIME_ANNOTATION) if isinstance(ann, dict) else None
+        if isinstance(value, str) and value:
+            out[obj.key] = value
+    return out
+
+
+def parse_time(text: str) -> float | None:
+    """RFC 3339 (nanoseconds allowed) -> epoch seconds, None when unparsable."""
+    try:
+        t = _dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    return t.timestamp()
+
+
+def network_programming_latencies(previous: dict[tuple[str, str, str], str],
+                                  current: dict[tuple[str, str, str], str],
+                                  now: float, since: float) -> list[float]:
+    """Latencies for trigger times new since the previous applied sync and not older than `since`
+    (kube-proxy ignores changes older than its own start)."""
+    out = []
+    for key, value in current.items():
+        if previous.get(key) == value:
+            continue
+        t = parse_time(value)
+        if t is None or t < since:
+            continue
+        out.append(max(0.0, now - t))
+    return out

@@ -1,0 +1,178 @@
+"""A watched manifest directory: watchfiles events + a per-file cache of parsed results.
+
+The watcher thread only records which paths changed and calls `on_change`; the daemon's loop
+then calls `snapshot()`, which re-reads just the files that were added or modified (by event,
+or because their stat signature changed: that also catches ConfigMap-style symlink swaps and
+missed events) and drops the deleted ones. Everything else comes from the cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .manifests import LoadResult, duplicate_errors, load_file, manifest_files
+from .objects import InputError, SourceObject
+
+log = logging.getLogger(__name__)
+
+Signature = tuple[int, int, int, int]
+
+
+@dataclass
+class _Entry:
+    signature: Signature | None
+    result: LoadResult | None = None
+    error: InputError | None = None
+
+
+@dataclass
+class Snapshot:
+    """The directory's content: objects and warnings of the readable files, every error
+    (syntax errors per file, then duplicates). `changed` is False when nothing was re-read
+    or dropped since the previous snapshot."""
+
+    objects: list[SourceObject] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    errors: list[InputError] = field(default_factory=list)
+    changed: bool = True
+    reread: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+
+def _signature(path: str) -> Signature | None:
+    try:
+        st = os.stat(path)  # follows symlinks: a swapped target changes the signature
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
+
+
+class DirectorySource:
+    """Manifests under `root`, kept current by a watchfiles thread."""
+
+    kind = "directory"
+
+    def __init__(self, root: str, on_change: Callable[[], None] | None = None, *,
+                 debounce_ms: int = 50, step_ms: int = 50, force_polling: bool | None = None) -> None:
+        self.root = os.path.abspath(root)
+        self._on_change = on_change
+        self._debounce = debounce_ms
+        self._step = step_ms
+        self._force_polling = force_polling
+        self._lock = threading.Lock()
+        self._cache: dict[str, _Entry] = {}
+        self._dirty: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._first = True
+        self.failures = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not os.path.isdir(self.root):
+            raise InputError(self.root, "no such directory")
+        self._thread = threading.Thread(target=self._watch, name="watch-manifests", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def ready(self) -> bool:
+        return True
+
+    def node(self, name: str) -> dict | None:
+        """This node's Node object if the directory has one."""
+        with self._lock:
+            for e in self._cache.values():
+                for o in (e.result.objects if e.result else ()):
+                    if o.kind == "Node" and o.name == name:
+                        return dict(o.body)
+        return None
+
+    # -- watching ------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        import watchfiles
+
+        while not self._stop.is_set():
+            try:
+                for changes in watchfiles.watch(self.root, watch_filter=None, debounce=self._debounce,
+                                                step=self._step, stop_event=self._stop, rust_timeout=1000,
+                                                raise_interrupt=False, force_polling=self._force_polling):
+                    paths = {os.path.abspath(p) for _, p in changes}
+                    log.debug("manifest changes: %s", sorted(f"{c.name} {p}" for c, p in changes))
+                    with self._lock:
+                        self._dirty |= paths
+                    self._notify()
+            except Exception as exc:  # noqa: BLE001 - e.g. the directory vanished: retry
+                if self._stop.is_set():
+                    break
+                self.failures += 1
+                log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
+                with self._lock:
+                    self._dirty.add(self.root)
+                self._notify()
+                self._stop.wait(1.0)
+
+    def _notify(self) -> None:
+        if self._on_change is not None:
+            try:
+                self._on_change()
+            except Exception:  # noqa: BLE001 - a bad callback must not kill the watcher
+                log.exception("on_change callback failed")
+
+    # -- reading -------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """Bring the cache up to date (re-reading only added/modified files) and return it all."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        try:
+            files = manifest_files(self.root)
+        except InputError as exc:  # the directory itself is gone: an input error, not "empty"
+            self._first = True  # whatever comes back next is a change
+            return Snapshot(errors=[exc], changed=True)
+        current = set(files)
+        reread: list[str] = []
+        removed: list[str] = []
+        with self._lock:
+            for path in list(self._cache):
+                if path not in current:
+                    del self._cache[path]
+                    removed.append(path)
+        for path in files:
+            sig = _signature(path)
+            with self._lock:
+                entry = self._cache.get(path)
+            if entry is not None and entry.signature == sig and sig is not None and path not in dirty:
+                continue
+            new = _Entry(sig)
+            try:
+                new.result = load_file(path)
+            except InputError as exc:
+                new.error = exc
+            reread.append(path)
+            with self._lock:
+                self._cache[path] = new
+        changed = bool(reread or removed) or self._first
+        self._first = False
+        snap = Snapshot(changed=changed, reread=reread, removed=removed)
+        with self._lock:
+            for path in files:
+                e = self._cache.get(path)
+                if e is None:
+                    continue
+                if e.error is not None:
+                    snap.errors.append(e.error)
+                elif e.result is not None:
+                    snap.objects.extend(e.result.objects)
+                    snap.warnings.extend(e.result.warnings)
+        snap.errors.extend(duplicate_errors(snap.objects))
+        return snap

@@ -1,0 +1,776 @@
+"""`reconciler run`: the sync loop's logic (injected clock + a fake backend: unit tests only, the
+kernel is never faked in e2e tests), the watched directory's per-file cache, logging, metrics, and
+the Kubernetes path for real: the daemon as a subprocess in a network namespace against
+tests/fakeapi.py with the real nftables backend."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from prometheus_client import generate_latest
+
+from helpers import endpoint, endpoint_slice, node, service
+from reconciler.backends.base import KernelError, Operation
+from reconciler.config import Options
+from reconciler.daemon import Daemon, setup_logging
+from reconciler.health import FakeClock
+from reconciler.sources import watch as watch_mod
+from reconciler.sources.objects import InputError, Location, SourceObject
+from reconciler.sources.watch import DirectorySource, Snapshot
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.fakeapi import FakeAPIServer, endpoint_slice as api_slice, node as api_node, service as api_service  # noqa: E402,I001
+
+SYNC, MIN_SYNC = 30.0, 1.0
+HTTP = [{"name": "http", "port": 80, "protocol": "TCP"}]
+
+
+def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(interval)
+    return pred()
+
+
+# --------------------------------------------------------------------------------------- fakes
+
+
+class FakeBackend:
+    """A kernel model {service port id: digest}; counts kernel reads and transactions."""
+
+    mode = "fake"
+
+    def __init__(self) -> None:
+        self.kernel: dict[str, str] = {}
+        self.observes = 0
+        self.applies: list[list[Operation]] = []
+        self.fail: Exception | None = None
+
+    def render(self, desired: Any) -> dict[str, str]:
+        return {s.id: s.digest() for s in desired.services}
+
+    def observe(self) -> dict[str, str]:
+        self.observes += 1
+        return dict(self.kernel)
+
+    def diff(self, want: dict[str, str], have: dict[str, str]) -> list[Operation]:
+        ops = []
+        for sid in sorted(set(want) | set(have)):
+            if sid not in have:
+                ops.append(Operation("+", "service", sid, f"add {sid} {want[sid]}", sid))
+            elif sid not in want:
+                ops.append(Operation("-", "service", sid, f"delete {sid}", sid))
+            elif want[sid] != have[sid]:
+                ops.append(Operation("~", "service", sid, f"replace {sid} {want[sid]}", sid))
+        return ops
+
+    def apply(self, ops: list[Operation]) -> None:
+        if self.fail is not None:
+            raise self.fail
+        for op in ops:
+            if op.action == "-":
+                del self.kernel[op.name]
+            else:
+                self.kernel[op.name] = op.text.split()[-1]
+        self.applies.append(ops)
+
+    def service_view(self, model: dict[str, str]) -> dict[str, dict[str, Any]]:
+        return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items()}
+
+
+class FakeSource:
+    kind = "directory"
+
+    def __init__(self, objects: list[SourceObject]) -> None:
+        self.objects = list(objects)
+        self.errors: list[InputError] = []
+        self.is_ready = True
+        self.snapshots = 0
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def snapshot(self) -> Snapshot:
+        self.snapshots += 1
+        return Snapshot(objects=list(self.objects), errors=list(self.errors), changed=True)
+
+
+def web(ip: str = "10.96.0.10", eps: tuple[str, ...] = ("10.244.1.10",), name: str = "web") -> list[SourceObject]:
+    return [service(name, ip, HTTP), endpoint_slice(name, [endpoint(e) for e in eps], port=8080)]
+
+
+def make(objects: list[SourceObject] | None = None, **opts: Any) -> tuple[Daemon, FakeBackend, FakeSource, FakeClock]:
+    clock = FakeClock()
+    backend = FakeBackend()
+    source = FakeSource(web() if objects is None else objects)
+    o = Options(node_name="node-a", sync_period=opts.pop("sync_period", SYNC),
+                min_sync_period=opts.pop("min_sync_period", MIN_SYNC), **opts)
+    return Daemon(o, backend, source, clock=clock), backend, source, clock
+
+
+def value(d: Daemon, name: str, labels: dict[str, str] | None = None) -> float:
+    v = d.metrics.registry.get_sample_value(name, labels or {})
+    return 0.0 if v is None else v
+
+
+# ------------------------------------------------------------------------------------ the loop
+
+
+def test_first_sync_is_full_then_nothing_until_something_happens() -> None:
+    d, backend, source, clock = make()
+    assert d.due() == ("full", 0.0)
+    report = d.step()
+    assert report is not None and report.kind == "full" and report.ok and report.added == 1
+    assert backend.kernel == {"default/web:http/TCP": d.desired.services[0].digest()}  # type: ignore[union-attr]
+    kind, wait = d.due()
+    assert kind is None and wait == pytest.approx(SYNC, abs=1e-3)
+    clock.advance(SYNC - 0.01)
+    assert d.step() is None
+
+
+def test_events_within_min_sync_period_coalesce_into_one_sync() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    clock.advance(5)
+    source.objects = web(eps=("10.244.1.10", "10.244.1.11"))
+    d.notify()
+    first = d.step()  # the last sync was long ago: runs at once
+    assert first is not None and first.kind == "incremental" and first.changed == 1
+    syncs = len(d.syncs)
+    for i in range(5):  # a burst of events inside one min-sync-period
+        clock.advance(0.15)
+        source.objects = web(eps=("10.244.1.10", "10.244.1.11", f"10.244.2.{10 + i}"))
+        d.notify()
+        assert d.step() is None
+    kind, wait = d.due()
+    assert kind is None and wait == pytest.approx(MIN_SYNC - 0.75, abs=1e-3)
+    clock.advance(wait + 1e-3)
+    report = d.step()
+    assert report is not None and report.kind == "incremental"
+    assert len(d.syncs) == syncs + 1  # five events, one sync
+    assert d.step() is None
+    assert len(backend.applies) == 3  # initial, first change, the coalesced burst
+    assert "10.244.2.14" in str(d.desired)
+
+
+def test_incremental_sync_plans_without_reading_the_kernel() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    reads = backend.observes
+    clock.advance(2)
+    source.objects = web() + web("10.96.0.11", name="api")
+    d.notify()
+    report = d.step()
+    assert report is not None and report.kind == "incremental" and report.added == 1
+    # one read: apply()'s verification after the transaction; the plan itself read nothing
+    assert backend.observes == reads + 1
+    clock.advance(2)
+    d.notify()  # an event that changes nothing: no transaction, no read at all
+    report = d.step()
+    assert report is not None and report.operations == 0
+    assert backend.observes == reads + 1
+
+
+def test_full_resync_every_sync_period_repairs_drift() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    reads = backend.observes
+    clock.advance(SYNC)
+    report = d.step()
+    assert report is not None and report.kind == "full" and report.operations == 0 and report.drift == 0
+    assert backend.observes == reads + 1  # the full resync re-reads the kernel
+    assert value(d, "reconciler_drift_repairs_total") == 0
+    backend.kernel.clear()  # someone flushed our table
+    clock.advance(SYNC)
+    report = d.step()
+    assert report is not None and report.kind == "full" and report.drift == 1
+    assert backend.kernel  # repaired
+    assert value(d, "reconciler_drift_repairs_total") == 1
+    assert value(d, "reconciler_drift_operations_total") == 1
+
+
+def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
+    d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
+    d.step()
+    backend.kernel.clear()
+    clock.advance(SYNC)
+    with caplog.at_level(logging.INFO, logger="reconciler.daemon"):
+        d.step()
+    assert "repaired drift: 2 operations" in caplog.text
+    assert "sync full: service ports +2 ~0 -0, 2 operations" in caplog.text
+
+
+def test_drift_counted_when_input_changed_in_the_same_resync() -> None:
+    d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
+    d.step()
+    del backend.kernel["default/api:http/TCP"]  # drift
+    source.objects = web(eps=("10.244.1.99",)) + web("10.96.0.11", name="api")  # and a real change
+    clock.advance(SYNC)
+    d.notify()
+    report = d.step()
+    assert report is not None and report.kind == "full" and report.operations == 2 and report.drift == 1
+
+
+def test_invalid_input_keeps_last_good_state() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    kernel = dict(backend.kernel)
+    clock.advance(2)
+    source.objects = []
+    source.errors = [InputError(Location("state/web.yaml", 12, 7), "must be 1-65535", ("spec", "ports", 0, "port"))]
+    d.notify()
+    report = d.step()
+    assert report is not None and report.ok
+    assert backend.kernel == kernel  # nothing removed
+    assert value(d, "reconciler_source_errors_total", {"reason": "invalid"}) == 1
+    code, body = d.health.body(with_node=True)
+    assert code == 200 and body["degraded"] is True
+    assert body["lastError"] == "state/web.yaml:12:7: spec.ports[0].port: must be 1-65535"
+    # the same error again (periodic resync) is not counted twice
+    clock.advance(SYNC)
+    d.step()
+    assert value(d, "reconciler_source_errors_total", {"reason": "invalid"}) == 1
+    assert backend.kernel == kernel
+    # fixed: applied, no longer degraded
+    source.errors = []
+    source.objects = web(eps=("10.244.1.12",))
+    d.notify()
+    clock.advance(2)
+    report = d.step()
+    assert report is not None and report.changed == 1
+    assert d.health.body(with_node=True)[1]["degraded"] is False
+
+
+def test_semantic_errors_from_the_builder_keep_last_good_state(caplog: pytest.LogCaptureFixture) -> None:
+    d, backend, source, clock = make()
+    d.step()
+    kernel = dict(backend.kernel)
+    bad = service("bad", "10.96.0.99", [{"name": "http", "port": 70000, "protocol": "TCP"}])
+    source.objects = web() + [bad]
+    d.notify()
+    clock.advance(2)
+    with caplog.at_level(logging.ERROR, logger="reconciler.daemon"):
+        d.step()
+    assert backend.kernel == kernel
+    assert "mem:default/bad" in caplog.text and "keeping the last good state" in caplog.text
+
+
+def test_no_valid_input_at_start_leaves_the_kernel_alone() -> None:
+    d, backend, source, clock = make()
+    backend.kernel = {"default/old:http/TCP": "x"}  # programmed by a previous run
+    source.errors = [InputError(Location("state/a.yaml", 1, 1), "invalid YAML")]
+    d.step()
+    assert backend.kernel == {"default/old:http/TCP": "x"}
+    assert backend.applies == []
+
+
+def test_kernel_error_is_counted_retried_next_period_and_ages_health() -> None:
+    d, backend, source, clock = make()
+    d.health.updated()  # as run_forever does at start
+    backend.fail = KernelError("nft: Error: Could not process rule")
+    report = d.step()
+    assert report is not None and not report.ok
+    assert value(d, "reconciler_kernel_errors_total") == 1
+    assert value(d, "reconciler_syncs_total", {"type": "full", "result": "error"}) == 1
+    kind, wait = d.due()
+    assert kind is None and wait == pytest.approx(SYNC, abs=1e-3)  # retried on the next period
+    clock.advance(SYNC)
+    assert d.step().ok is False  # type: ignore[union-attr]
+    assert d.health.body(with_node=True)[0] == 200
+    clock.advance(SYNC)  # a change has been pending for 2 x syncPeriod
+    assert d.health.body(with_node=True)[0] == 503
+    backend.fail = None
+    report = d.step()
+    assert report is not None and report.ok and report.kind == "full"
+    assert d.health.body(with_node=True)[0] == 200
+
+
+def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    real_apply = backend.apply
+    calls = []
+
+    def apply_once_failing(ops: list[Operation]) -> None:
+        calls.append(ops)
+        if len(calls) == 1:
+            raise KernelError("nft: No such file or directory")
+        real_apply(ops)
+
+    backend.apply = apply_once_failing  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",))
+    d.notify()
+    clock.advance(2)
+    report = d.step()
+    assert report is not None and report.ok and report.kind == "full"
+    assert value(d, "reconciler_kernel_errors_total") == 0  # recovered at once
+    assert value(d, "reconciler_syncs_total", {"type": "incremental", "result": "error"}) == 1
+
+
+def test_no_sync_before_the_source_is_synced() -> None:
+    d, backend, source, clock = make()
+    source.is_ready = False
+    assert d.due()[0] is None
+    clock.advance(100)
+    assert d.step() is None and source.snapshots == 0
+    source.is_ready = True
+    d.notify()
+    assert d.step() is not None and source.snapshots == 1
+
+
+def test_metrics_after_syncs() -> None:
+    clock_start = 1_700_000_000.0
+    objs = web()
+    trigger = "2023-11-14T22:13:22.5Z"  # clock start + 2.5 s
+    objs[1].body["metadata"]["annotations"] = {  # type: ignore[index]
+        "endpoints.kubernetes.io/last-change-trigger-time": trigger}
+    local_svc = service("loc", "10.96.0.12", HTTP, internalTrafficPolicy="Local")
+    local_eps = endpoint_slice("loc", [endpoint("10.244.2.10", node="node-b")], port=8080)
+    d, backend, source, clock = make(objs + [local_svc, local_eps])
+    clock.advance(4)
+    d.notify()
+    d.step()
+    reg = d.metrics.registry
+    assert reg.get_sample_value("kubeproxy_network_programming_duration_seconds_count") == 1
+    assert reg.get_sample_value("kubeproxy_network_programming_duration_seconds_sum") == pytest.approx(1.5)
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") == clock_start + 4
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") == clock_start + 4
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_service_changes_total") == 2
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 2
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                                {"traffic_policy": "internal"}) == 1
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                                {"traffic_policy": "external"}) == 0
+    assert reg.get_sample_value("reconciler_kernel_operations_total", {"action": "add"}) == 2
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_duration_seconds_count") == 1
+    # the same trigger time is not observed again; an unchanged resync changes no counter
+    clock.advance(SYNC)
+    d.step()
+    assert reg.get_sample_value("kubeproxy_network_programming_duration_seconds_count") == 1
+    assert reg.get_sample_value("kubeproxy_sync_proxy_rules_service_changes_total") == 2
+    text = generate_latest(reg).decode()
+    for name in ("kubeproxy_sync_proxy_rules_duration_seconds", "reconciler_drift_repairs_total",
+                 "reconciler_source_errors_total", "reconciler_kernel_errors_total"):
+        assert f"# TYPE {name} " in text
+
+
+def test_health_check_servers_follow_the_desired_state() -> None:
+    class Servers:
+        def __init__(self) -> None:
+            self.calls: list[Any] = []
+
+        def sync(self, checks: Any) -> list[str]:
+            self.calls.append(tuple(checks))
+            return []
+
+    lb = service("lb", "10.96.0.20", [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}],
+                 type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=32000)
+    eps = endpoint_slice("lb", [endpoint("10.244.1.10"), endpoint("10.244.1.11"),
+                                endpoint("10.244.2.10", node="node-b")], port=8080)
+    d, backend, source, clock = make([lb, eps, node()])
+    servers = Servers()
+    d.service_health = servers  # type: ignore[assignment]
+    d.step()
+    assert [(h.service, h.nodePort, h.localEndpoints) for h in servers.calls[-1]] == [("default/lb", 32000, 2)]
+
+
+def test_node_eligibility_from_the_source() -> None:
+    d, backend, source, clock = make(web())
+    d.step()
+    assert d.node_eligible() is True  # a directory without a Node object
+    gone = node()
+    gone.body["metadata"]["deletionTimestamp"] = "2024-01-01T00:00:00Z"  # type: ignore[index]
+    source.objects = web() + [gone]
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert d.node_eligible() is False
+    assert d.health.body(with_node=True)[0] == 503
+
+
+def test_run_forever_coalesces_real_events_and_stops() -> None:
+    d, backend, source, clock = make(min_sync_period=0.4)
+    d.clock = __import__("reconciler.health", fromlist=["SYSTEM_CLOCK"]).SYSTEM_CLOCK
+    d._last_sync = d._last_full = float("-inf")
+    stop = threading.Event()
+    t = threading.Thread(target=d.run_forever, args=(stop,), daemon=True)
+    t.start()
+    try:
+        assert wait_until(lambda: len(d.syncs) == 1)
+        time.sleep(0.5)
+        for i in range(8):  # 8 events within ~0.16 s: one sync at once, at most one more
+            source.objects = web(eps=(f"10.244.1.{20 + i}",))  # after min-sync-period
+            d.notify()
+            time.sleep(0.02)
+        assert wait_until(lambda: "10.244.1.27" in str(d.desired), timeout=3)
+        time.sleep(0.6)
+        assert 2 <= len(d.syncs) <= 3, d.syncs
+    finally:
+        stop.set()
+        d.wake()
+        t.join(5)
+    assert not t.is_alive()
+
+
+# ------------------------------------------------------------------------- watched directory
+
+
+SVC_YAML = """apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  clusterIP: {ip}
+  ports:
+  - name: http
+    port: {port}
+    protocol: TCP
+"""
+
+
+@pytest.fixture
+def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    real = watch_mod.load_file
+
+    def counting(path: str) -> Any:
+        calls.append(os.path.basename(path))
+        return real(path)
+
+    monkeypatch.setattr(watch_mod, "load_file", counting)
+    return calls
+
+
+def write(path: Path, text: str) -> None:
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def test_directory_cache_rereads_only_changed_files(tmp_path: Path, count_loads: list[str]) -> None:
+    for i in range(4):
+        (tmp_path / f"s{i}.yaml").write_text(SVC_YAML.format(name=f"s{i}", ip=f"10.96.0.{10 + i}", port=80))
+    src = DirectorySource(str(tmp_path))
+    snap = src.snapshot()
+    assert sorted(count_loads) == ["s0.yaml", "s1.yaml", "s2.yaml", "s3.yaml"] and snap.changed
+    assert len(snap.objects) == 4 and not snap.errors
+    count_loads.clear()
+    assert src.snapshot().changed is False and count_loads == []
+    write(tmp_path / "s1.yaml", SVC_YAML.format(name="s1", ip="10.96.0.11", port=81))  # modified
+    snap = src.snapshot()
+    assert count_loads == ["s1.yaml"] and snap.changed
+    assert {o.name: o.body["spec"]["ports"][0]["port"] for o in snap.objects}["s1"] == 81
+    count_loads.clear()
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "s9.yaml").write_text(SVC_YAML.format(name="s9", ip="10.96.0.19", port=80))  # added
+    (tmp_path / "s2.yaml").unlink()  # deleted
+    snap = src.snapshot()
+    assert count_loads == ["s9.yaml"]
+    assert sorted(o.name for o in snap.objects) == ["s0", "s1", "s3", "s9"]
+    assert [os.path.basename(p) for p in snap.removed] == ["s2.yaml"]
+
+
+def test_directory_events_trigger_on_change_and_partial_reload(tmp_path: Path, count_loads: list[str]) -> None:
+    for i in range(3):
+        (tmp_path / f"s{i}.yaml").write_text(SVC_YAML.format(name=f"s{i}", ip=f"10.96.0.{10 + i}", port=80))
+    events = threading.Event()
+    src = DirectorySource(str(tmp_path), events.set)
+    src.snapshot()
+    src.start()
+    try:
+        time.sleep(0.2)  # let the watcher settle
+        count_loads.clear()
+        events.clear()
+        # same size, within one mtime tick on coarse filesystems: the event path forces the re-read
+        write(tmp_path / "s0.yaml", SVC_YAML.format(name="s0", ip="10.96.0.10", port=90))
+        assert events.wait(5), "no watch event"
+        snap = src.snapshot()
+        assert count_loads == ["s0.yaml"]
+        assert {o.name: o.body["spec"]["ports"][0]["port"] for o in snap.objects}["s0"] == 90
+    finally:
+        src.stop()
+    assert src._thread is not None and not src._thread.is_alive()
+
+
+def test_directory_errors_and_duplicates(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "b.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: b\n")
+    src = DirectorySource(str(tmp_path))
+    snap = src.snapshot()
+    assert [o.name for o in snap.objects] == ["a"]
+    assert len(snap.errors) == 1 and str(snap.errors[0]).startswith(f"{tmp_path}/b.yaml:")
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    snap = src.snapshot()
+    assert len(snap.errors) == 1 and "duplicate Service default/a" in str(snap.errors[0])
+    shutil.rmtree(tmp_path)
+    snap = src.snapshot()
+    assert snap.errors and "no such directory" in str(snap.errors[0])
+
+
+def test_daemon_with_directory_source(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    clock = FakeClock()
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    (tmp_path / "b.yaml").write_text("kind: [")
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
+    (tmp_path / "b.yaml").unlink()
+    (tmp_path / "a.yaml").unlink()
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert backend.kernel == {}  # an empty (valid) directory does remove everything
+
+
+# ------------------------------------------------------------------------------------ logging
+
+
+def test_json_log_lines() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        setup_logging("json", stream=stream)
+        d, backend, source, clock = make()
+        d.step()
+        logging.getLogger("reconciler.daemon").error("plain %s", "message")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    sync = next(rec for rec in lines if rec["msg"].startswith("sync full"))
+    assert {"ts", "level", "msg"} <= set(sync)
+    assert sync["level"] == "info" and sync["sync"] == "full" and sync["added"] == 1 and sync["operations"] == 1
+    assert "duration_ms" in sync
+    assert lines[-1]["msg"] == "plain message" and lines[-1]["level"] == "error"
+
+
+def test_text_log_lines() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    try:
+        setup_logging("text", stream=stream)
+        d, backend, source, clock = make()
+        d.step()
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    line = next(ln for ln in stream.getvalue().splitlines() if "sync full" in ln)
+    assert " INFO sync full: service ports +1 ~0 -0, 1 operations, " in line
+
+
+# ---------------------------------------------------------- Kubernetes source, real kernel
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def _need_netns() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespace)"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"needs {tool}"
+    return None
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    reason = _need_netns()
+    if reason:
+        pytest.skip(reason)
+    name = f"srdaemon{os.getpid()}"
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=10)
+        yield name
+    finally:
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+
+
+def start_in_netns(ns: str, start: Callable[[], Any]) -> Any:
+    """Call `start` on a thread that joined network namespace `ns` (sockets it opens live there)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    out: dict[str, Any] = {}
+
+    def body() -> None:
+        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                out["error"] = OSError(ctypes.get_errno(), "setns failed")
+                return
+            out["value"] = start()
+        except BaseException as exc:  # noqa: BLE001
+            out["error"] = exc
+        finally:
+            os.close(fd)
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join(10)
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def nft_table(ns: str) -> str:
+    cp = subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "table", "ip", "reconciler"],
+                        capture_output=True, text=True, timeout=10)
+    return cp.stdout if cp.returncode == 0 else ""
+
+
+def test_kubernetes_source_end_to_end_in_a_netns(netns: str, tmp_path: Path) -> None:
+    api = FakeAPIServer(bookmark_interval=0.2)
+    start_in_netns(netns, api.start)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": api.url}}],
+        "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+    }))
+    api.create(api_node("node-a"))
+    api.hold_lists("EndpointSlice")  # the cache stays half-listed until released
+    log_path = tmp_path / "daemon.log"
+    proc = None
+    try:
+        with open(log_path, "w") as log_file:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", netns, sys.executable, "-m", "reconciler", "run",
+                 "--source", "kubernetes", "--kubeconfig", str(kubeconfig), "--node-name", "node-a",
+                 "--sync-period", "2s", "--min-sync-period", "100ms",
+                 "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
+                 "--log-format", "json"],
+                stdout=log_file, stderr=subprocess.STDOUT, cwd=str(ROOT))
+        api.create(api_service("web", cluster_ip="10.96.0.10"))
+        api.create(api_slice("web-1", "web", ["10.244.1.10", "10.244.1.11"]))
+        assert wait_until(lambda: api.list_requests("EndpointSlice"), timeout=15), log_path.read_text()
+        time.sleep(1.0)
+        assert "10.96.0.10" not in nft_table(netns), "synced with a half-listed cache"
+        assert '"msg": "sync ' not in log_path.read_text()
+        api.release_lists("EndpointSlice")
+        table = wait_until(lambda: "10.96.0.10" in nft_table(netns) and nft_table(netns), timeout=15)
+        assert table, log_path.read_text()
+        assert "10.244.1.11" in table
+        # an update, then the delete, follow
+        api.update(api_slice("web-1", "web", ["10.244.1.10"]))
+        assert wait_until(lambda: "10.244.1.11" not in nft_table(netns), timeout=10), log_path.read_text()
+        api.create(api_service("api", cluster_ip="10.96.0.11"))
+        assert wait_until(lambda: "10.96.0.11" in nft_table(netns), timeout=10), log_path.read_text()
+        api.delete("Service", "default", "web")
+        api.delete("EndpointSlice", "default", "web-1")
+        assert wait_until(lambda: "10.96.0.10" not in nft_table(netns), timeout=10), log_path.read_text()
+        assert "10.96.0.11" in nft_table(netns)
+        # /healthz from inside the namespace: the node exists, so eligible
+        probe = subprocess.run(
+            ["ip", "netns", "exec", netns, sys.executable, "-c",
+             "import urllib.request,sys;r=urllib.request.urlopen('http://127.0.0.1:10256/healthz',timeout=5);"
+             "sys.stdout.write(str(r.status)+' '+r.read().decode())"],
+            capture_output=True, text=True, timeout=20)
+        status, _, body = probe.stdout.partition(" ")
+        assert status == "200", probe.stderr
+        assert json.loads(body)["nodeEligible"] is True
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0, log_path.read_text()
+        assert "10.96.0.11" in nft_table(netns)  # kernel state left in place
+        lines = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        assert any(rec["msg"].startswith("sync full") for rec in lines)
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        api.stop()
+
+
+# ------------------------------------------------------------------------------ run() errors
+
+
+def _run_in_process(argv: list[str]) -> tuple[int, str]:
+    from reconciler.cli import build_parser, options_from
+    from reconciler.daemon import run
+
+    args = build_parser().parse_args(argv)
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    stream = io.StringIO()
+    try:
+        import reconciler.daemon as daemon_mod
+
+        real_setup = daemon_mod.setup_logging
+        daemon_mod.setup_logging = lambda fmt="text", verbose=False, stream_=None: real_setup(fmt, verbose, stream)
+        try:
+            code = run(args, options_from(args))
+        finally:
+            daemon_mod.setup_logging = real_setup
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    assert {s: signal.getsignal(s) for s in handlers} == handlers  # handlers restored
+    return code, stream.getvalue()
+
+
+def test_run_bind_error_is_a_clear_error_and_exit_1(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        code, out = _run_in_process(["run", "--source", str(tmp_path), "--node-name", "node-a",
+                                     "--healthz-bind-address", f"127.0.0.1:{port}"])
+    assert code == 1
+    assert f"healthz: cannot listen on 127.0.0.1:{port}: Address already in use" in out
+
+
+def test_run_missing_directory_exits_1(tmp_path: Path) -> None:
+    code, out = _run_in_process(["run", "--source", str(tmp_path / "nope"), "--node-name", "node-a",
+                                 "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"])
+    assert code == 1
+    assert f"{tmp_path}/nope: no such directory" in out
+
+
+def test_run_invalid_bind_address_exits_1(tmp_path: Path) -> None:
+    code, out = _run_in_process(["run", "--source", str(tmp_path), "--node-name", "node-a",
+                                 "--metrics-bind-address", "localhost:10249", "--healthz-bind-address", ""])
+    assert code == 1
+    assert "--metrics-bind-address: bind address 'localhost:10249' must be an IP address" in out

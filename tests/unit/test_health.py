@@ -1,0 +1,285 @@
+"""/healthz + /livez (kube-proxy's ProxyHealthServer semantics), /metrics and the
+healthCheckNodePort servers, on real sockets on 127.0.0.1 with an injected clock."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from typing import Any, Iterator
+
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+
+from reconciler.health import (
+    GO_ZERO_TIME, BindError, FakeClock, ProxyHealth, ServiceHealthServers, node_eligible, parse_bind_address,
+    rfc3339, start_metrics_server, start_proxy_health_server,
+)
+from reconciler.metrics import Metrics
+from reconciler.state import HealthCheck
+
+SYNC_PERIOD = 30.0
+
+
+def get(url: str, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------------------- state
+
+
+def test_rfc3339_is_utc_with_trimmed_fraction() -> None:
+    assert rfc3339(0) == "1970-01-01T00:00:00Z"
+    assert rfc3339(1.5) == "1970-01-01T00:00:01.5Z"
+    assert rfc3339(1_700_000_000.25) == "2023-11-14T22:13:20.25Z"
+
+
+def test_healthy_while_starting_up() -> None:
+    h = ProxyHealth(2 * SYNC_PERIOD, FakeClock())
+    h.queued_update()  # never updated yet: still healthy, like upstream
+    code, body = h.body(with_node=True)
+    assert code == 200 and body["healthy"] is True
+    assert "status" not in body
+
+
+def test_unhealthy_exactly_at_twice_the_sync_period() -> None:
+    clock = FakeClock(1_700_000_000.0)
+    h = ProxyHealth(2 * SYNC_PERIOD, clock)
+    h.updated()
+    clock.advance(5)
+    h.queued_update()
+    clock.advance(10)
+    h.queued_update()  # does not move the oldest pending time
+    clock.advance(2 * SYNC_PERIOD - 10 - 0.001)
+    code, body = h.body(with_node=True)
+    assert code == 200 and body["healthy"] is True
+    assert body["lastUpdated"] == body["currentTime"] == rfc3339(clock.time())  # "recent" when healthy
+    clock.advance(0.001)  # now - oldest pending == 2 x syncPeriod
+    code, body = h.body(with_node=True)
+    assert code == 503
+    assert body["healthy"] is False
+    assert body["lastUpdated"] == rfc3339(1_700_000_000.0)  # the real last update
+    assert body["currentTime"] == rfc3339(clock.time())
+    assert body["status"] == {f: {"lastUpdated": rfc3339(1_700_000_000.0), "healthy": False}
+                              for f in ("IPv4", "IPv6")}
+    assert list(body)[:4] == ["lastUpdated", "currentTime", "nodeEligible", "healthy"]
+    assert h.body(with_node=False)[0] == 503
+    h.updated()
+    assert h.body(with_node=True)[0] == 200
+
+
+def test_node_eligibility_only_affects_healthz() -> None:
+    eligible = [False]
+    h = ProxyHealth(60, FakeClock(), node_eligible=lambda: eligible[0])
+    h.updated()
+    code, body = h.body(with_node=True)
+    assert code == 503 and body["nodeEligible"] is False and body["healthy"] is True
+    code, body = h.body(with_node=False)
+    assert code == 200 and "nodeEligible" not in body
+    eligible[0] = True
+    assert h.body(with_node=True)[0] == 200
+
+
+def test_never_updated_and_ineligible_prints_go_zero_time() -> None:
+    h = ProxyHealth(60, FakeClock(), node_eligible=lambda: False)
+    code, body = h.body(with_node=True)
+    assert code == 503 and body["lastUpdated"] == GO_ZERO_TIME
+
+
+def test_node_eligible_rules() -> None:
+    assert node_eligible(None) is False
+    assert node_eligible({"metadata": {"name": "n"}}) is True
+    assert node_eligible({"metadata": {"name": "n", "deletionTimestamp": "2024-01-01T00:00:00Z"}}) is False
+    tainted = {"metadata": {"name": "n"},
+               "spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}}
+    assert node_eligible(tainted) is False
+    other = {"metadata": {"name": "n"}, "spec": {"taints": [{"key": "x", "effect": "NoSchedule"}]}}
+    assert node_eligible(other) is True
+
+
+def test_degraded_input_keeps_healthz_200() -> None:
+    clock = FakeClock()
+    h = ProxyHealth(60, clock)
+    h.updated()
+    h.set_input_error("state/web.yaml:12:7: spec.ports[0].port: must be 1-65535")
+    code, body = h.body(with_node=True)
+    assert code == 200
+    assert body["degraded"] is True
+    assert body["lastError"].startswith("state/web.yaml:12:7")
+    h.set_input_error(None)
+    code, body = h.body(with_node=True)
+    assert body["degraded"] is False and "lastError" not in body
+
+
+def test_parse_bind_address() -> None:
+    assert parse_bind_address("0.0.0.0:10256", "x") == ("0.0.0.0", 10256)
+    assert parse_bind_address("[::]:10256", "x") == ("::", 10256)
+    assert parse_bind_address(":10249", "x") == ("0.0.0.0", 10249)
+    for bad in ("10256", "localhost:10256", "1.2.3.4:port", "1.2.3.4:70000"):
+        with pytest.raises(ValueError):
+            parse_bind_address(bad, "--healthz-bind-address")
+
+
+# ----------------------------------------------------------------------------------------- http
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+def test_healthz_and_livez_over_http(metrics: Metrics) -> None:
+    clock = FakeClock()
+    h = ProxyHealth(2 * SYNC_PERIOD, clock)
+    srv = start_proxy_health_server("127.0.0.1:0", h, metrics)
+    assert srv is not None
+    try:
+        base = f"http://127.0.0.1:{srv.port}"
+        h.updated()
+        code, headers, raw = get(base + "/healthz")
+        assert code == 200
+        assert headers["Content-Type"] == "application/json"
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        body = json.loads(raw)
+        assert body["healthy"] is True and body["nodeEligible"] is True
+        assert b'"lastUpdated":"' in raw  # compact like Go's json.Marshal
+        code, _, raw = get(base + "/livez")
+        assert code == 200 and "nodeEligible" not in json.loads(raw)
+        h.queued_update()
+        clock.advance(2 * SYNC_PERIOD)
+        code, _, raw = get(base + "/healthz")
+        assert code == 503 and json.loads(raw)["healthy"] is False
+        assert get(base + "/livez")[0] == 503
+        assert get(base + "/other")[0] == 404
+        reg = metrics.registry
+        assert reg.get_sample_value("kubeproxy_proxy_healthz_total", {"code": "200"}) == 1
+        assert reg.get_sample_value("kubeproxy_proxy_healthz_total", {"code": "503"}) == 1
+        assert reg.get_sample_value("kubeproxy_proxy_livez_total", {"code": "503"}) == 1
+    finally:
+        srv.close()
+
+
+def test_bind_error_is_clear() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(BindError, match=rf"healthz: cannot listen on 127.0.0.1:{port}: .*in use"):
+            start_proxy_health_server(f"127.0.0.1:{port}", ProxyHealth(60, FakeClock()))
+
+
+METRIC_NAMES = [
+    "kubeproxy_sync_proxy_rules_duration_seconds",
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+    "kubeproxy_network_programming_duration_seconds",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+    "kubeproxy_sync_proxy_rules_service_changes_total",
+    "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+    "reconciler_drift_repairs_total",
+    "reconciler_source_errors_total",
+    "reconciler_kernel_errors_total",
+    "reconciler_kernel_operations_total",
+]
+
+
+def test_metrics_exposition(metrics: Metrics) -> None:
+    srv = start_metrics_server("127.0.0.1:0", metrics.registry, "nftables")
+    assert srv is not None
+    try:
+        code, headers, raw = get(f"http://127.0.0.1:{srv.port}/metrics")
+        assert code == 200 and headers["Content-Type"].startswith("text/plain")
+        text = raw.decode()
+        for name in METRIC_NAMES:
+            assert f"# TYPE {name} " in text, name
+        assert 'kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 0.0' in text
+        assert 'kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"}' in text
+        assert 'kubeproxy_network_programming_duration_seconds_bucket{le="300.0"}' in text
+        assert get(f"http://127.0.0.1:{srv.port}/proxyMode")[2] == b"nftables"
+        assert get(f"http://127.0.0.1:{srv.port}/nope")[0] == 404
+    finally:
+        srv.close()
+    # its own registry: nothing of ours in the global one
+    assert "reconciler_drift_repairs_total" not in generate_latest(REGISTRY).decode()
+
+
+# ------------------------------------------------------------------------- healthCheckNodePort
+
+
+@pytest.fixture
+def service_servers() -> Iterator[tuple[ServiceHealthServers, list[bool]]]:
+    healthy = [True]
+    servers = ServiceHealthServers(lambda: healthy[0], hosts=["127.0.0.1"])
+    yield servers, healthy
+    servers.close()
+
+
+def hc(port: int, path: str = "/") -> tuple[int, dict[str, str], Any]:
+    code, headers, raw = get(f"http://127.0.0.1:{port}{path}")
+    return code, headers, raw
+
+
+def test_service_health_answers_like_upstream(service_servers) -> None:
+    servers, healthy = service_servers
+    port = free_port()
+    assert servers.sync([HealthCheck("ns/svc", port, 2)]) == []
+    code, headers, raw = hc(port, "/any/path")
+    assert code == 200
+    assert headers["Content-Type"] == "application/json"
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert headers["X-Load-Balancing-Endpoint-Weight"] == "2"
+    assert raw.decode() == ('{\n\t"service": {\n\t\t"namespace": "ns",\n\t\t"name": "svc"\n\t},\n'
+                            '\t"localEndpoints": 2,\n\t"serviceProxyHealthy": true\n}')
+    # counts change in place (same server)
+    servers.sync([HealthCheck("ns/svc", port, 0)])
+    code, headers, raw = hc(port)
+    assert code == 503 and headers["X-Load-Balancing-Endpoint-Weight"] == "0"
+    assert json.loads(raw)["localEndpoints"] == 0
+    servers.sync([HealthCheck("ns/svc", port, 1)])
+    assert hc(port)[0] == 200
+    # the proxy itself unhealthy: 503 even with local endpoints
+    healthy[0] = False
+    code, _, raw = hc(port)
+    assert code == 503 and json.loads(raw) == {"service": {"namespace": "ns", "name": "svc"},
+                                               "localEndpoints": 1, "serviceProxyHealthy": False}
+
+
+def test_service_health_servers_follow_services(service_servers) -> None:
+    servers, _ = service_servers
+    p1, p2, p3 = free_port(), free_port(), free_port()
+    servers.sync([HealthCheck("ns/a", p1, 1), HealthCheck("ns/b", p2, 1)])
+    assert servers.services == {"ns/a": p1, "ns/b": p2}
+    assert hc(p1)[0] == 200 and hc(p2)[0] == 200
+    servers.sync([HealthCheck("ns/a", p3, 1)])  # b gone, a moved
+    assert servers.services == {"ns/a": p3}
+    assert hc(p3)[0] == 200
+    for gone in (p1, p2):
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(f"http://127.0.0.1:{gone}/", timeout=2)
+    servers.sync([])
+    assert servers.services == {}
+
+
+def test_service_health_port_in_use_is_retried(service_servers) -> None:
+    servers, _ = service_servers
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    errors = servers.sync([HealthCheck("ns/svc", port, 1)])
+    assert len(errors) == 1 and "failed to start healthcheck 'ns/svc'" in errors[0]
+    assert servers.services == {}
+    blocker.close()
+    assert servers.sync([HealthCheck("ns/svc", port, 1)]) == []
+    assert hc(port)[0] == 200
