@@ -1,0 +1,315 @@
+"""Benchmarks: S services x E endpoints, per backend, in private network namespaces.
+
+    sudo .venv/bin/python benchmarks/run.py                       # 1k, 5k, 10k x 10 and 2k x 50
+    sudo .venv/bin/python benchmarks/run.py --sizes 1000x10 --backends nftables
+
+For every size and backend it measures, with the reconciler's own CLI in a fresh namespace:
+cold apply, no-op plan, one endpoint changed (plan, then apply), one service added (apply), and the
+`run` daemon: time from a file change to the kernel updated, and its peak RSS. Beside each figure
+it prints the floor measured in the same run: the kernel tool alone doing the same work on exactly
+the ruleset we generate (`nft -f` / `nft -j list`, `iptables-restore` / `iptables-save`).
+Nothing here is a test: it prints a table (and --json FILE writes the figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from generate import generate, service_yaml  # noqa: E402
+
+PY = sys.executable
+NODE = "node-0"
+FLAGS = ["--node-name", NODE, "--cluster-cidr", "10.128.0.0/12"]
+
+
+@dataclass
+class Row:
+    size: str
+    backend: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+class Netns:
+    def __init__(self, tag: str):
+        self.name = f"bench-{os.getpid() % 10000}-{tag}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        self.run(["ip", "link", "set", "lo", "up"])
+
+    def argv(self, argv: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.name, *argv]
+
+    def run(self, argv: list[str], input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(argv), input=input, capture_output=True, text=True, check=check)
+
+    def close(self) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+def reconciler(*args: str) -> list[str]:
+    return [PY, "-m", "reconciler", *args]
+
+
+def timed(ns: Netns, argv: list[str]) -> float:
+    t = time.monotonic()
+    proc = subprocess.run(ns.argv(argv), capture_output=True, text=True)
+    seconds = time.monotonic() - t
+    if proc.returncode not in (0, 2):
+        raise RuntimeError(f"{' '.join(argv[:6])} failed ({proc.returncode}): {proc.stderr[-3000:]}")
+    return seconds
+
+
+def kernel_script(state_dir: str, mode: str) -> dict[str, str]:
+    """The exact cold-start input we generate for the kernel tool, per tool invocation."""
+    from reconciler.backends import get_backend
+    from reconciler.config import Options
+    from reconciler.reconcile import load_desired
+
+    opts = Options(mode=mode, node_name=NODE, cluster_cidrs=("10.128.0.0/12",))
+    backend = get_backend(mode)
+    desired = load_desired(state_dir, opts)
+    model = backend.render(desired)
+    if mode == "nftables":
+        from reconciler.backends.nftables.objects import Ruleset
+        return {"nft": backend.script(backend.diff(model, Ruleset()))}
+    empty = type(model)() if callable(type(model)) else None
+    ops = backend.diff(model, empty)
+    return split_iptables_script(backend.script(ops))
+
+
+def split_iptables_script(text: str) -> dict[str, str]:
+    """The iptables backend's script is one restore input per family, each after a '# <cmd>' line."""
+    parts: dict[str, str] = {}
+    current = None
+    for line in text.splitlines(keepends=True):
+        m = re.match(r"# (ip6?tables)[\w-]*restore", line)
+        if m:
+            current = m.group(1)
+            parts[current] = ""
+        elif current:
+            parts[current] += line
+    return parts
+
+
+def floors(mode: str, scripts: dict[str, str]) -> dict[str, float]:
+    ns = Netns("floor")
+    try:
+        if mode == "nftables":
+            load = timed_input(ns, ["nft", "-f", "-"], scripts["nft"])
+            t = time.monotonic()
+            ns.run(["nft", "-j", "list", "table", "ip", "reconciler"])
+            read = time.monotonic() - t
+        else:
+            load = 0.0
+            for fam, text in scripts.items():
+                load += timed_input(ns, [f"{fam}-restore", "--noflush", "-w", "5"], text)
+            t = time.monotonic()
+            for fam in scripts:
+                for table in ("nat", "filter"):
+                    ns.run([f"{fam}-save", "-t", table])
+            read = time.monotonic() - t
+        return {"load": load, "read": read}
+    finally:
+        ns.close()
+
+
+def timed_input(ns: Netns, argv: list[str], text: str) -> float:
+    t = time.monotonic()
+    ns.run(argv, input=text)
+    return time.monotonic() - t
+
+
+def change_one_endpoint(state_dir: str, services: int, endpoints: int, index: int) -> None:
+    i = services // 2
+    path = os.path.join(state_dir, f"ns{i % 50}", f"svc{i}.yaml")
+    with open(path + ".tmp", "w") as fh:
+        fh.write(service_yaml(i, endpoints, ep_offset=7_000_000 + index))
+    os.replace(path + ".tmp", path)
+
+
+def add_service(state_dir: str, endpoints: int, index: int) -> str:
+    i = 60000 + index
+    path = os.path.join(state_dir, "added", f"svc{i}.yaml")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as fh:
+        fh.write(service_yaml(i, endpoints).replace(f"ns{i % 50}", "added"))
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[str, Any]:
+    ns = Netns("cli")
+    f: dict[str, Any] = {}
+    common = ["--source", state_dir, "--mode", mode, *FLAGS]
+    try:
+        t, rss = measure(ns, reconciler("apply", *common, "-o", "json"))
+        f["cold apply"] = t
+        f["cold apply RSS MiB"] = rss
+        f["no-op plan"], _ = measure(ns, reconciler("plan", *common, "-o", "json"), expect=0)
+        change_one_endpoint(state_dir, services, endpoints, 1)
+        f["1 endpoint: plan"], _ = measure(ns, reconciler("plan", *common, "-o", "json"), expect=2)
+        f["1 endpoint: apply"], _ = measure(ns, reconciler("apply", *common, "-o", "json"))
+        added = add_service(state_dir, endpoints, 1)
+        f["+1 service: apply"], _ = measure(ns, reconciler("apply", *common, "-o", "json"))
+        os.unlink(added)
+        f["run"] = bench_run(ns, state_dir, mode, services, endpoints)
+    finally:
+        ns.close()
+    return f
+
+
+def measure(ns: Netns, argv: list[str], expect: int | None = None) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MiB) of one command in the namespace."""
+    t = time.monotonic()
+    proc = subprocess.Popen(ns.argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.monotonic() - t
+    code = os.waitstatus_to_exitcode(status)
+    err = proc.stderr.read() if proc.stderr else ""
+    if code not in (0, 2) or (expect is not None and code != expect):
+        raise RuntimeError(f"{' '.join(argv[:6])} exited {code}: {err[-3000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: int) -> dict[str, Any]:
+    """`reconciler run`: event -> kernel latency for one endpoint change and one added service."""
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    argv = reconciler("run", "--source", state_dir, "--mode", mode, *FLAGS, "--log-format", "json",
+                      "--sync-period", "1h", "--min-sync-period", "0s",
+                      "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0")
+    proc = subprocess.Popen(ns.argv(argv), stdout=log, stderr=log, text=True)
+    out: dict[str, Any] = {}
+    try:
+        wait_for_syncs(log.name, 1, timeout=600)
+        for label, action in (("1 endpoint", lambda k: change_one_endpoint(state_dir, services, endpoints, 10 + k)),
+                              ("+1 service", lambda k: add_service(state_dir, endpoints, 10 + k))):
+            samples = []
+            for k in range(5):
+                n = count_syncs(log.name)
+                time.sleep(0.3)
+                t = time.time()
+                action(k)
+                done = wait_for_syncs(log.name, n + 1, timeout=60)
+                samples.append(done - t)
+            out[label] = sorted(samples)[len(samples) // 2]
+        with open(f"/proc/{proc.pid}/status") as fh:  # `ip netns exec` execs: this is the daemon
+            out["peak RSS MiB"] = int(re.search(r"VmHWM:\s+(\d+)", fh.read()).group(1)) / 1024
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(os.path.join(state_dir, "added"), ignore_errors=True)
+        os.unlink(log.name)
+    return out
+
+
+def sync_lines(path: str) -> list[dict[str, Any]]:
+    out = []
+    with open(path) as fh:
+        for line in fh:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if str(rec.get("msg", "")).startswith("sync "):
+                out.append(rec)
+    return out
+
+
+def count_syncs(path: str) -> int:
+    return len(sync_lines(path))
+
+
+def wait_for_syncs(path: str, n: int, timeout: float) -> float:
+    """Wait until the log holds n sync lines; returns the wall time the n-th was written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = sync_lines(path)
+        if len(lines) >= n:
+            ts = lines[n - 1].get("ts")
+            return parse_ts(ts) if ts else time.time()
+        time.sleep(0.005)
+    raise RuntimeError(f"no sync #{n} within {timeout}s; log tail: {open(path).read()[-2000:]}")
+
+
+def parse_ts(ts: Any) -> float:
+    if isinstance(ts, (int, float)):
+        return float(ts)
+    from datetime import datetime
+    return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+
+
+def fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
+    return str(v)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="1000x10,5000x10,10000x10,2000x50")
+    p.add_argument("--backends", default="nftables,iptables")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--workdir", default=os.path.join(HERE, "out"))
+    a = p.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("benchmarks need root (they create network namespaces)")
+    rows = []
+    for size in a.sizes.split(","):
+        s, e = (int(x) for x in size.split("x"))
+        for mode in a.backends.split(","):
+            state = os.path.join(a.workdir, f"{s}x{e}")
+            shutil.rmtree(state, ignore_errors=True)
+            generate(state, s, e)
+            print(f"== {size} {mode}", file=sys.stderr, flush=True)
+            scripts = kernel_script(state, mode)
+            fl = floors(mode, scripts)
+            figs = bench_cli(state, mode, s, e)
+            figs["floor: load"] = fl["load"]
+            figs["floor: read"] = fl["read"]
+            rows.append(Row(size, mode, figs))
+            print_row(rows[-1], file=sys.stderr)
+    print_table(rows)
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump([r.__dict__ for r in rows], fh, indent=2)
+
+
+def print_row(r: Row, file: Any = sys.stdout) -> None:
+    print(json.dumps(r.__dict__, default=str), file=file, flush=True)
+
+
+def print_table(rows: list[Row]) -> None:
+    print("| size | backend | cold apply (floor, ratio) | no-op plan (read floor, ratio) | 1 endpoint: plan / apply "
+          "| +1 service: apply | run: 1 endpoint / +1 service, event->kernel | run peak RSS | cold apply RSS |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f = r.figures
+        run = f.get("run", {})
+        print(f"| {r.size} | {r.backend} "
+              f"| {fmt(f['cold apply'])} ({fmt(f['floor: load'])}, {f['cold apply'] / f['floor: load']:.2f}x) "
+              f"| {fmt(f['no-op plan'])} ({fmt(f['floor: read'])}, {f['no-op plan'] / f['floor: read']:.2f}x) "
+              f"| {fmt(f['1 endpoint: plan'])} / {fmt(f['1 endpoint: apply'])} "
+              f"| {fmt(f['+1 service: apply'])} "
+              f"| {fmt(run.get('1 endpoint', float('nan')))} / {fmt(run.get('+1 service', float('nan')))} "
+              f"| {run.get('peak RSS MiB', 0):.0f} MiB | {f['cold apply RSS MiB']:.0f} MiB |")
+
+
+if __name__ == "__main__":
+    main()
