@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Protocol
 
 from .backends.base import KernelError
 from .config import Options
-from .desired import build_desired_state
+from .desired import BuildCache, build_desired_state
 from .health import (
     SYSTEM_CLOCK, BindError, Clock, HTTPServerThread, ProxyHealth, ServiceHealthServers, default_hosts,
     local_addresses, node_eligible, start_metrics_server, start_proxy_health_server,
@@ -192,6 +192,7 @@ class Daemon:
         self.applied_desired: DesiredState | None = None
         self.applied_model: Any = None  # the kernel model after the last successful apply
         self._objects: dict[Key, Any] = {}
+        self._build_cache = BuildCache()  # unchanged Services are not rebuilt
         self._triggers: dict[Key, str] = {}  # trigger times of the input being built
         self._applied_triggers: dict[Key, str] = {}
         self._input = _InputState()
@@ -309,7 +310,7 @@ class Daemon:
         current = list(objects)
         for _ in range(5):
             try:
-                return build_desired_state(current, opts), all_errors, excluded
+                return build_desired_state(current, opts, self._build_cache), all_errors, excluded
             except (InputErrors, InputError) as exc:
                 errors = exc.errors if isinstance(exc, InputErrors) else [exc]
                 all_errors.extend(errors)
@@ -394,7 +395,7 @@ class Daemon:
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model)
             ops = planned.plan.operations
             drift = self._drift(full, desired, planned)
-            after = apply(self.backend, planned) if ops else planned.observed_model
+            after = apply(self.backend, planned, verify=full) if ops else planned.observed_model
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
             return self._failed(kind, start, exc, quiet=not full)
         seconds = self.clock.monotonic() - start

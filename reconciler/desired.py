@@ -416,31 +416,71 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
     return block, len({e.ip for e in cat.local if e.ready})
 
 
-def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions) -> DesiredState:
+class BuildCache:
+    """Memory between builds (the run loop): a Service whose Service, EndpointSlices and node inputs
+    are the very same objects as last time gets its ServicePorts back unchanged, so a build costs
+    O(changed services) and unchanged ServicePorts keep their identity (which render caches use)."""
+
+    def __init__(self) -> None:
+        self.parsed: dict[int, tuple[SourceObject, Any, tuple[str, ...]]] = {}
+        self.services: dict[tuple[str, str], tuple[tuple[Any, ...], list[ServicePort], HealthCheck | None]] = {}
+        self.options: BuildOptions | None = None
+
+    def parse(self, obj: SourceObject, parser: Any, warnings: list[str]) -> Any:
+        hit = self.parsed.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            warnings.extend(hit[2])
+            return hit[1]
+        mine: list[str] = []
+        result = parser(obj, mine)
+        warnings.extend(mine)
+        self.parsed[id(obj)] = (obj, result, tuple(mine))
+        return result
+
+
+def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions,
+                        cache: BuildCache | None = None) -> DesiredState:
     """Validate and join Services, EndpointSlices and this node's Node into a DesiredState.
 
     Raises InputErrors listing every invalid object (file:line:column: field: problem).
     """
     warnings: list[str] = []
     errors: list[InputError] = []
-    services: list[_Service] = []
-    slices: dict[tuple[str, str], list[_Slice]] = defaultdict(list)
+    services: list[tuple[SourceObject, _Service]] = []
+    slices: dict[tuple[str, str], list[tuple[SourceObject, _Slice]]] = defaultdict(list)
     node_labels = dict(opts.node_labels)
-    for obj in sorted(objects, key=lambda o: o.key):
+    memo = cache or BuildCache()
+    if cache is not None and cache.options != opts:
+        cache.services = {}
+        cache.options = opts
+    seen: set[int] = set()
+    parsed = memo.parsed
+    for obj in objects:
+        seen.add(id(obj))
         try:
-            if obj.kind == "Service":
-                svc = _parse_service(obj, warnings)
-                if svc:
-                    services.append(svc)
-            elif obj.kind == "EndpointSlice":
-                sl = _parse_slice(obj, warnings)
-                if sl:
-                    slices[(sl.namespace, sl.service)].append(sl)
+            kind = obj.kind
+            if kind == "Service" or kind == "EndpointSlice":
+                hit = parsed.get(id(obj))
+                if hit is not None and hit[0] is obj:
+                    result = hit[1]
+                    if hit[2]:
+                        warnings.extend(hit[2])
+                else:
+                    result = memo.parse(obj, _parse_service if kind == "Service" else _parse_slice, warnings)
+                if result is None:
+                    continue
+                if kind == "Service":
+                    services.append((obj, result))
+                else:
+                    slices[(result.namespace, result.service)].append((obj, result))
             elif obj.kind == "Node" and obj.name == opts.node_name:
                 labels = _Reader(obj).typed(("metadata", "labels"), dict, {})
                 node_labels.update({str(k): str(v) for k, v in labels.items()})
         except InputError as exc:
             errors.append(exc)
+    if cache is not None:
+        for key in [k for k in cache.parsed if k not in seen]:
+            del cache.parsed[key]
     if errors:
         raise InputErrors(errors)
 
@@ -455,30 +495,53 @@ def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions) -> 
 
     ports_out: list[ServicePort] = []
     health: list[HealthCheck] = []
-    for svc in services:
+    kept: dict[tuple[str, str], Any] = {}
+    env = (node.name, node.zone)  # the node inputs every Service's result depends on
+    for svc_obj, svc in services:
         svc_slices = slices.get((svc.namespace, svc.name), [])
-        local_ips: set[int] = set()
-        for port in svc.ports:
-            blocks = []
-            for family in ("ipv4", "ipv6"):
-                if family not in svc.cluster_ips:
-                    continue
-                eps = _endpoints_for(svc_slices, port, family)  # type: ignore[arg-type]
-                block, n_local = _family_block(svc, port, family, eps, node)  # type: ignore[arg-type]
-                blocks.append(block)
-                local_ips.add(n_local)
-            ports_out.append(ServicePort(
-                namespace=svc.namespace, name=svc.name, portName=port.name, protocol=port.protocol,  # type: ignore[arg-type]
-                port=port.port, nodePort=port.node_port, families=tuple(blocks),
-                affinityTimeoutSeconds=svc.affinity_timeout, healthCheckNodePort=svc.health_check_node_port,
-            ))
-        if svc.health_check_node_port is not None:
-            health.append(HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port,
-                                      max(local_ips, default=0)))
+        if len(svc_slices) > 1:
+            svc_slices.sort(key=lambda pair: pair[0].name)  # merge order must not depend on input order
+        key = (id(svc_obj), tuple([id(o) for o, _ in svc_slices]), env)
+        hit = memo.services.get((svc.namespace, svc.name))
+        if hit is not None and hit[0] == key:
+            ports, check = hit[1], hit[2]
+        else:
+            ports, check = _service_ports(svc, [sl for _, sl in svc_slices], node)
+        kept[(svc.namespace, svc.name)] = (key, ports, check)
+        ports_out.extend(ports)
+        if check is not None:
+            health.append(check)
+    if cache is not None:
+        cache.services = kept
     ports_out.sort(key=lambda s: s.id)
     _check_port_conflicts(ports_out)
     return DesiredState(node, opts.masquerade_all, families, tuple(ports_out),
-                        tuple(sorted(health, key=lambda h: h.service)), tuple(warnings))
+                        tuple(sorted(health, key=lambda h: h.service)), tuple(sorted(warnings)))
+
+
+def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
+                   ) -> tuple[list[ServicePort], HealthCheck | None]:
+    """The ServicePorts of one Service (and its health check), from its EndpointSlices."""
+    ports: list[ServicePort] = []
+    local_ips: set[int] = set()
+    for port in svc.ports:
+        blocks = []
+        for family in ("ipv4", "ipv6"):
+            if family not in svc.cluster_ips:
+                continue
+            eps = _endpoints_for(svc_slices, port, family)  # type: ignore[arg-type]
+            block, n_local = _family_block(svc, port, family, eps, node)  # type: ignore[arg-type]
+            blocks.append(block)
+            local_ips.add(n_local)
+        ports.append(ServicePort(
+            namespace=svc.namespace, name=svc.name, portName=port.name, protocol=port.protocol,  # type: ignore[arg-type]
+            port=port.port, nodePort=port.node_port, families=tuple(blocks),
+            affinityTimeoutSeconds=svc.affinity_timeout, healthCheckNodePort=svc.health_check_node_port,
+        ))
+    check = None
+    if svc.health_check_node_port is not None:
+        check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port, max(local_ips, default=0))
+    return ports, check
 
 
 def _check_port_conflicts(ports: list[ServicePort]) -> None:

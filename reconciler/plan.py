@@ -10,8 +10,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from deepdiff import DeepDiff
-
 from .backends.base import Operation
 
 
@@ -106,6 +104,8 @@ def _describe(view: dict[str, Any], sign: str) -> tuple[str, ...]:
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
+    from deepdiff import DeepDiff  # imported when needed: it is slow to import
+
     dd = DeepDiff(old, new, ignore_order=True, view="tree")
     added: dict[str, list[str]] = {}
     removed: dict[str, list[str]] = {}

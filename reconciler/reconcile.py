@@ -51,9 +51,14 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None) -
     if observed_model is None:
         other = other_mode_leftovers(backend.mode)
     plan = Plan(backend.mode, desired.node.name, operations=ops + other)
-    if ops:
-        plan.services = service_changes(backend.service_view(have), backend.service_view(want))
+    touched = touched_services(ops)
+    if touched:
+        plan.services = service_changes(backend.service_view(have, touched), backend.service_view(want, touched))
     return Planned(plan, want, have, other)
+
+
+def touched_services(ops: list[Operation]) -> set[str]:
+    return {op.service for op in ops if op.service}
 
 
 def other_mode_leftovers(mode: str) -> list[Operation]:
@@ -68,22 +73,27 @@ def other_mode_leftovers(mode: str) -> list[Operation]:
         return []
 
 
-def apply(backend: Any, planned: Planned) -> Any:
+def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
     """Run the plan as one transaction and verify: re-observed, the kernel must need no change.
 
-    Returns the observed model after apply.
+    Returns the observed model after apply. With verify=False (the run loop's incremental syncs,
+    whose periodic full resync re-reads the kernel) the kernel is not read back: the transaction
+    is atomic, so on success the kernel holds the desired model.
     """
     ops = planned.plan.operations
     own = ops[:len(ops) - len(planned.other_mode_cleanup)]
     if own:
         backend.apply(own)
-        stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model),
-                                          backend.service_view(planned.desired_model))
+        udp = {s for s in touched_services(own) if s.endswith("/UDP")}
+        stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model, udp),
+                                          backend.service_view(planned.desired_model, udp)) if udp else []
         if stale:
             log.info("clearing %d stale UDP conntrack flow filter(s)", conntrack.clear(stale))
     if planned.other_mode_cleanup:
         get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
+    if not verify:
+        return planned.desired_model
     after = backend.observe()
     remaining = backend.diff(planned.desired_model, after)
     if remaining:

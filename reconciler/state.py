@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 API_VERSION = "reconciler.service-reconciler.io/v1alpha1"
@@ -102,7 +103,7 @@ class ServicePort:
     affinityTimeoutSeconds: int | None = None
     healthCheckNodePort: int | None = None
 
-    @property
+    @cached_property
     def id(self) -> str:
         return service_port_id(self.namespace, self.name, self.portName, self.port, self.protocol)
 

@@ -200,7 +200,7 @@ def duplicate_errors(objects: Iterable[SourceObject]) -> list[InputError]:
     seen: dict[tuple[str, str, str], SourceObject] = {}
     errors = []
     for obj in objects:
-        first = seen.setdefault(obj.key, obj)
+        first = seen.setdefault((obj.kind, obj.namespace, obj.name), obj)
         if first is not obj:
             ident = f"{obj.kind} {obj.namespace + '/' if obj.namespace else ''}{obj.name}"
             errors.append(InputError(obj.where(()), f"duplicate {ident}, first defined at {first.where(())}"))

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .manifests import LoadResult, duplicate_errors, load_file, manifest_files
+from .manifests import SUFFIXES, LoadResult, duplicate_errors, load_file, manifest_files
 from .objects import InputError, SourceObject
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ class DirectorySource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._first = True
+        self._files: list[str] | None = None  # manifest files as of the last snapshot, sorted
         self.failures = 0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -130,24 +131,51 @@ class DirectorySource:
 
     # -- reading -------------------------------------------------------------------------
 
+    def _only_files(self, dirty: set[str]) -> bool:
+        """True when every changed path is a manifest file (added, modified or deleted): then
+        only those are looked at, not the whole tree."""
+        if self._first or not dirty or self._files is None:
+            return False
+        for path in dirty:
+            rel = os.path.relpath(path, self.root)
+            if rel.startswith("..") or any(part.startswith(".") for part in rel.split(os.sep)):
+                return False
+            if not path.endswith(SUFFIXES) or os.path.isdir(path):
+                return False
+        return True
+
     def snapshot(self) -> Snapshot:
-        """Bring the cache up to date (re-reading only added/modified files) and return it all."""
+        """Bring the cache up to date (re-reading only added/modified files) and return it all.
+
+        When the watcher named only manifest files, only those are checked: the cost follows the
+        change, not the tree. Otherwise (start, periodic resync, directories) the tree is walked.
+        """
         with self._lock:
             dirty, self._dirty = self._dirty, set()
-        try:
-            files = manifest_files(self.root)
-        except InputError as exc:  # the directory itself is gone: an input error, not "empty"
-            self._first = True  # whatever comes back next is a change
-            return Snapshot(errors=[exc], changed=True)
-        current = set(files)
+        if self._only_files(dirty):
+            assert self._files is not None
+            files = sorted(set(self._files) | {p for p in dirty if os.path.isfile(p)} -
+                           {p for p in dirty if not os.path.isfile(p)}) if any(
+                p not in self._cache or not os.path.isfile(p) for p in dirty) else self._files
+            check = dirty
+        else:
+            try:
+                files = manifest_files(self.root)
+            except InputError as exc:  # the directory itself is gone: an input error, not "empty"
+                self._first = True  # whatever comes back next is a change
+                self._files = None
+                return Snapshot(errors=[exc], changed=True)
+            check = None
+        self._files = files
+        current = set(files) if check is None else None
         reread: list[str] = []
         removed: list[str] = []
         with self._lock:
-            for path in list(self._cache):
-                if path not in current:
+            for path in list(self._cache) if current is not None else [p for p in dirty if p in self._cache]:
+                if (path not in current) if current is not None else not os.path.isfile(path):
                     del self._cache[path]
                     removed.append(path)
-        for path in files:
+        for path in files if check is None else sorted(p for p in check if os.path.isfile(p)):
             sig = _signature(path)
             with self._lock:
                 entry = self._cache.get(path)

@@ -126,3 +126,21 @@ def test_script_batches_elements_and_is_one_transaction_text():
 def test_observed_model_matches_schema():
     with open(os.path.join(REPO, "schemas", "nftables-model.schema.json")) as fh:
         jsonschema.validate(recorded().to_dict(), json.load(fh))
+
+
+def test_masquerade_options():
+    objs = [service("web", "10.96.0.1", HTTP), endpoint_slice("web", [endpoint("10.244.1.5")])]
+    rules = lambda **o: render(build(objs, **o)).tables["ip reconciler"].chains["svc-default/web/http/tcp"].rules
+    assert rules()[0] == "ip saddr != @cluster-cidrs jump mark-for-masquerade"
+    assert rules(masquerade_all=True)[0] == "jump mark-for-masquerade"
+    assert rules(cluster_cidrs=())[0].startswith("meta l4proto tcp dnat")  # no local detector: no masquerade
+
+
+def test_nodeport_addresses_narrow_the_match():
+    objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort"),
+            endpoint_slice("web", [endpoint("10.244.1.5")])]
+    services = lambda **o: render(build(objs, **o)).tables["ip reconciler"].chains["services"].rules
+    assert services()[1].startswith("ip daddr != 127.0.0.0/8 fib daddr type local ")
+    assert services(nodeport_cidrs=("172.30.0.0/24", "10.1.0.0/16"))[1].startswith(
+        "ip daddr { 10.1.0.0/16, 172.30.0.0/24 } fib daddr type local ")
+    assert len(services(nodeport_cidrs=("fd00::/64",))) == 1  # none for IPv4: no NodePort rule at all

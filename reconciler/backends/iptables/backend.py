@@ -69,8 +69,9 @@ class IptablesBackend:
     def model_to_dict(self, model: IptablesModel) -> dict[str, Any]:
         return model.to_dict()
 
-    def service_view(self, model: IptablesModel) -> dict[str, dict[str, Any]]:
-        return service_view(model)
+    def service_view(self, model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+        view = service_view(model)
+        return view if only is None else {k: v for k, v in view.items() if k in only}
 
 
 def parse_ours(text: str, table: str) -> TableState:

@@ -11,7 +11,7 @@ from . import kernel
 from .diff import diff, owner, script
 from .objects import Ruleset
 from .observe import observe
-from .render import render
+from .render import Renderer
 
 _SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodeports": "nodePort ",
                  "no-endpoint-nodeports": "nodePort "}
@@ -22,8 +22,11 @@ _V6_EP = re.compile(r"([0-9a-f:]*:[0-9a-f:]*) \. (\d+)|to \[([0-9a-f:]+)\]:(\d+)
 class NftablesBackend:
     mode = "nftables"
 
+    def __init__(self) -> None:
+        self._renderer = Renderer()  # keeps per-service fragments: later renders cost O(changes)
+
     def render(self, desired: DesiredState) -> Ruleset:
-        return render(desired)
+        return self._renderer.render(desired)
 
     def observe(self) -> Ruleset:
         return observe()
@@ -43,8 +46,8 @@ class NftablesBackend:
     def model_to_dict(self, model: Ruleset) -> dict[str, Any]:
         return model.to_dict()
 
-    def service_view(self, model: Ruleset) -> dict[str, dict[str, Any]]:
-        return service_view(model)
+    def service_view(self, model: Ruleset, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+        return service_view(model, only)
 
 
 def _addr(key: str, prefix: str) -> str:
@@ -55,8 +58,32 @@ def _addr(key: str, prefix: str) -> str:
     return f"{ip}:{parts[2]}/{parts[1]}"
 
 
-def service_view(model: Ruleset) -> dict[str, dict[str, Any]]:
-    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses."""
+def _owned_chains(chains: dict[str, Any], only: set[str] | None) -> list[tuple[str, Any]]:
+    """All chains, or (with `only`) just those service ports' chains, found by name: O(len(only))."""
+    if only is None:
+        return list(chains.items())
+    out = []
+    for sid in only:
+        ns_name, _, rest = sid.partition(":")
+        port, _, proto = rest.rpartition("/")
+        key = f"{ns_name}/{port}/{proto.lower()}"
+        for prefix in ("svc-", "ext-"):
+            c = chains.get(prefix + key)
+            if c is None:
+                continue
+            out.append((prefix + key, c))
+            for rule in c.rules:
+                target = rule.rsplit("goto ", 1)[-1] if "goto ep-" in rule else None
+                if target and target in chains:
+                    out.append((target, chains[target]))
+    return out
+
+
+def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses.
+
+    With `only`, just those service ports (the cost then follows their number, not the model's).
+    """
     view: dict[str, dict[str, Any]] = {}
 
     def entry(sid: str) -> dict[str, Any]:
@@ -67,7 +94,7 @@ def service_view(model: Ruleset) -> dict[str, dict[str, Any]]:
             if name not in _SERVICE_MAPS:
                 continue
             for key, (value, comment) in s.elements.items():
-                if not comment:
+                if not comment or (only is not None and comment not in only):
                     continue
                 addr = _addr(key, _SERVICE_MAPS[name])
                 if value and value.startswith("goto reject"):
@@ -75,9 +102,9 @@ def service_view(model: Ruleset) -> dict[str, dict[str, Any]]:
                 elif value == "drop":
                     addr += " (drop)"
                 entry(comment)["addresses"].add(addr)
-        for name, chain in table.chains.items():
+        for name, chain in _owned_chains(table.chains, only):
             sid = owner(name)
-            if sid is None:
+            if sid is None or (only is not None and sid not in only):
                 continue
             for rule in chain.rules:
                 if "dnat" not in rule:

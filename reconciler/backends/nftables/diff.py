@@ -64,7 +64,7 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
         s, old = want.sets[name], have_sets.get(name)
         obj = f"{t} {s.kind} {name}"
         if old is not None and old.spec() == s.spec() and old.kind == s.kind:
-            if s.dynamic:
+            if s.dynamic or old.elements == s.elements:
                 continue
             gone = sorted(k for k in old.elements if old.elements[k] != s.elements.get(k))
             new = sorted(k for k in s.elements if s.elements[k] != old.elements.get(k))
@@ -90,8 +90,10 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
     def references_recreated(c: Chain) -> bool:
         return any(f"@{n} " in r + " " for n in recreated for r in c.rules)
 
-    for name in sorted(want.chains):
-        c, old = want.chains[name], have_chains.get(name)
+    for name, c in want.chains.items():
+        old = have_chains.get(name)
+        if old is c or (old is not None and old.base == c.base and old.rules == c.rules and not recreated):
+            continue
         obj = f"{t} chain {name}"
         svc = owner(name)
         if old is not None and old.base != c.base:
@@ -107,11 +109,14 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
             flush.append(Operation("~", "chain", obj, f"flush chain {t} {name}", svc))
         for rule in c.rules:
             fill.append(Operation("+", "rule", obj, f"add rule {t} {name} {rule}", svc))
-    for name in sorted(set(have_chains) - set(want.chains)):
+    for name in sorted(have_chains.keys() - want.chains.keys()):
         obj = f"{t} chain {name}"
         if have_chains[name].rules:
             flush.append(Operation("~", "chain", obj, f"flush chain {t} {name}", owner(name)))
         delete.append(Operation("-", "chain", obj, f"delete chain {t} {name}", owner(name)))
+    create.sort(key=lambda op: (op.kind != "table", op.text))
+    flush.sort(key=lambda op: op.text)
+    fill.sort(key=lambda op: op.name)  # stable: a chain's rules keep their order
     # A recreated base chain is deleted before it is added again.
     fill = [op for op in fill if op.kind == "chain"] + [op for op in fill if op.kind != "chain"]
     late_delete = [op for op in delete if not any(f.kind == "chain" and f.name == op.name for f in fill)]

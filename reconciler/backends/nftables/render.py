@@ -9,7 +9,7 @@ affinity (`ep-…`); every address lookup is one map; no set or chain per endpoi
 from __future__ import annotations
 
 import ipaddress
-from typing import Iterable
+from typing import Any, Iterable
 
 from ...state import DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath
 from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
@@ -90,25 +90,87 @@ def canonical_cidr(c: str) -> str:
 
 
 def render(desired: DesiredState) -> Ruleset:
-    """The tables that implement `desired` (a family with no services and no options is omitted)."""
-    tables = {}
-    for family in ("ipv4", "ipv6"):
-        table = _render_family(desired, family)  # type: ignore[arg-type]
-        if table is not None:
-            tables[table.ref] = table
-    return Ruleset(tables)
+    """The tables that implement `desired` (a family with no services is omitted)."""
+    return Renderer().render(desired)
 
 
-def _render_family(desired: DesiredState, family: Family) -> Table | None:
-    fam = _Family(family)
-    opts = desired.families.get(family, FamilyOptions())
-    ports = [(sp, blk) for sp in desired.services if (blk := sp.family(family)) is not None]
-    if not ports:
-        return None
-    b = _Builder(fam, opts, desired.masqueradeAll)
-    for sp, blk in ports:
-        b.service(sp, blk)
-    return b.table()
+_MAPS = ("service_ips", "nodeports", "no_ep_services", "no_ep_nodeports", "firewall_ips", "firewall_allow",
+         "hairpin", "cluster_ips")
+
+
+class Renderer:
+    """Renders with memory: each service port's objects (its fragment) are kept, and the next
+    render only rebuilds the fragments of service ports that are not the very same objects as
+    before (desired.BuildCache keeps unchanged ones identical). Cost: O(changed service ports)."""
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._fragments: dict[str, tuple[ServicePort, dict[str, _Builder]]] = {}
+        self._sum: dict[str, _Builder] = {}
+        self._refs: dict[str, dict[str, dict[str, int]]] = {}
+        self._count: dict[str, int] = {}
+
+    def render(self, desired: DesiredState) -> Ruleset:
+        key = (desired.masqueradeAll, tuple(sorted(desired.families.items())))
+        if key != self._key:
+            self.__init__()  # type: ignore[misc]
+            self._key = key
+            for family in ("ipv4", "ipv6"):
+                opts = desired.families.get(family, FamilyOptions())  # type: ignore[call-overload]
+                self._sum[family] = _Builder(_Family(family), opts, desired.masqueradeAll)  # type: ignore[arg-type]
+                self._refs[family] = {m: {} for m in _MAPS}
+                self._count[family] = 0
+        wanted = {sp.id: sp for sp in desired.services}
+        for sid in [sid for sid, (sp, _) in self._fragments.items() if wanted.get(sid) is not sp]:
+            self._remove(sid)
+        for sid, sp in wanted.items():
+            if sid not in self._fragments:
+                self._add(sp)
+        tables = {}
+        for family, b in self._sum.items():
+            if self._count[family]:
+                table = b.table()
+                tables[table.ref] = table
+        return Ruleset(tables)
+
+    def _add(self, sp: ServicePort) -> None:
+        frags = {}
+        for blk in sp.families:
+            total = self._sum[blk.family]
+            frag = _Builder(total.fam, total.opts, total.masquerade_all)
+            frag.service(sp, blk)
+            frags[blk.family] = frag
+            total.chains.update(frag.chains)
+            total.sets.update(frag.sets)
+            refs = self._refs[blk.family]
+            for m in _MAPS:
+                part: Elements = getattr(frag, m)
+                if part:
+                    getattr(total, m).update(part)
+                    counts = refs[m]
+                    for k in part:
+                        counts[k] = counts.get(k, 0) + 1
+            self._count[blk.family] += 1
+        self._fragments[sp.id] = (sp, frags)
+
+    def _remove(self, sid: str) -> None:
+        _, frags = self._fragments.pop(sid)
+        for family, frag in frags.items():
+            total = self._sum[family]
+            for name in frag.chains:
+                del total.chains[name]
+            for name in frag.sets:
+                del total.sets[name]
+            refs = self._refs[family]
+            for m in _MAPS:
+                part: Elements = getattr(frag, m)
+                counts, elems = refs[m], getattr(total, m)
+                for k in part:
+                    counts[k] -= 1
+                    if counts[k] == 0:
+                        del counts[k]
+                        del elems[k]
+            self._count[family] -= 1
 
 
 class _Builder:
@@ -234,9 +296,11 @@ class _Builder:
         f, ip, addr = self.fam, self.fam.ip, self.fam.addr_type
         svc_key = f"{addr} . inet_proto . inet_service"
 
+        sets = dict(self.sets)
+
         def nset(name: str, key: str, elems: Elements, value: str | None = None,
                  flags: tuple[str, ...] = ()) -> None:
-            self.sets[name] = NftSet(name, key, value, flags, None, dict(elems))
+            sets[name] = NftSet(name, key, value, flags, None, dict(elems))
 
         nset("service-ips", svc_key, self.service_ips, "verdict")
         nset("service-nodeports", "inet_proto . inet_service", self.nodeports, "verdict")
@@ -288,7 +352,7 @@ class _Builder:
             chains[name] = Chain(name, tuple(rules))
         for name, rules in hooks.items():
             chains[name] = Chain(name, tuple(rules), _BASE_CHAINS[name])
-        return Table(f.nft, TABLE, chains, dict(self.sets))
+        return Table(f.nft, TABLE, chains, sets)
 
     def _nodeport_match(self) -> str | None:
         ip = self.fam.ip

@@ -1,0 +1,55 @@
+"""Node options with real packets: --nodeport-addresses and --masquerade-all, in both modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab import ADDR
+from manifests import common_flags, eps, reconciler, svc, write_state
+from traffic import outcomes, servers
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(params=["nftables", "iptables"])
+def mode(lab, request):
+    yield request.param
+    reconciler(lab, "cleanup", "--mode", request.param, check=False)
+
+
+def docs() -> list[dict]:
+    return [svc("np", ["10.96.2.10"], [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 31080}],
+                type="NodePort"),
+            eps("np", ["pod1", "pod3"])]
+
+
+def test_nodeport_addresses_limit_where_nodeports_answer(lab, tmp_path, mode):
+    src = str(tmp_path / "s")
+    write_state(src, docs())
+    reconciler(lab, "apply", *common_flags(src, mode, extra=["--nodeport-addresses", "172.30.0.0/24"]))
+    ok = lab.tcp("ext1", ADDR["node"][4], 31080, count=10)
+    assert outcomes(ok) == {"ok": 10} and set(servers(ok)) == {"pod1", "pod3"}
+    lab.add_node_address("172.30.9.9", "lo")
+    try:
+        # a local address outside --nodeport-addresses: no NodePort there (nothing listens: refused)
+        outside = lab.tcp("node", "172.30.9.9", 31080, count=3)
+        assert not any(r.ok for r in outside)
+        reconciler(lab, "apply", *common_flags(src, mode, extra=["--nodeport-addresses", "172.30.9.0/24"]))
+        inside = lab.tcp("node", "172.30.9.9", 31080, count=5)
+        assert outcomes(inside) == {"ok": 5}
+        lan = lab.tcp("ext1", ADDR["node"][4], 31080, count=3)
+        assert not any(r.ok for r in lan)
+    finally:
+        lab.del_node_address("172.30.9.9", "lo")
+
+
+def test_masquerade_all_hides_pod_sources(lab, tmp_path, mode):
+    src = str(tmp_path / "s")
+    write_state(src, docs())
+    reconciler(lab, "apply", *common_flags(src, mode))
+    kept = lab.tcp("pod2", "10.96.2.10", 80, count=10)
+    assert {r.seen_ip for r in kept} == {ADDR["pod2"][4]}
+    reconciler(lab, "apply", *common_flags(src, mode, extra=["--masquerade-all"]))
+    hidden = lab.tcp("pod2", "10.96.2.10", 80, count=10)
+    assert outcomes(hidden) == {"ok": 10}
+    assert ADDR["pod2"][4] not in {r.seen_ip for r in hidden}
