@@ -463,6 +463,8 @@ class Daemon:
 
 def run(args: argparse.Namespace, opts: Options) -> int:
     """`reconciler run`: returns the exit code (0 after SIGTERM/SIGINT)."""
+    import deepdiff  # noqa: F401 - loaded now, not inside the first sync that needs it
+
     from .backends import get_backend
 
     setup_logging(getattr(args, "log_format", "text") or "text", bool(getattr(args, "verbose", False)))

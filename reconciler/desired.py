@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import logging
 import socket
@@ -417,106 +418,170 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
 
 
 class BuildCache:
-    """Memory between builds (the run loop): a Service whose Service, EndpointSlices and node inputs
-    are the very same objects as last time gets its ServicePorts back unchanged, so a build costs
-    O(changed services) and unchanged ServicePorts keep their identity (which render caches use)."""
+    """A builder with memory (the run loop). Each build diffs the object list against the previous
+    one by identity (sources hand back the same objects for unchanged input), parses only new
+    objects and rebuilds only the Services they touch: a build costs O(changes), and unchanged
+    ServicePorts keep their identity, which the render caches rely on. A build that raises leaves
+    the memory as it was."""
 
     def __init__(self) -> None:
-        self.parsed: dict[int, tuple[SourceObject, Any, tuple[str, ...]]] = {}
-        self.services: dict[tuple[str, str], tuple[tuple[Any, ...], list[ServicePort], HealthCheck | None]] = {}
         self.options: BuildOptions | None = None
+        self.objects: dict[int, SourceObject] = {}
+        self.parsed: dict[int, tuple[Any, tuple[str, ...]]] = {}  # id -> (result, warnings)
+        self.warned: dict[int, tuple[str, ...]] = {}  # objects with warnings
+        self.services: dict[tuple[str, str], tuple[SourceObject, _Service]] = {}
+        self.slices: dict[tuple[str, str], dict[int, tuple[SourceObject, _Slice]]] = defaultdict(dict)
+        self.node_obj: SourceObject | None = None
+        self.node = NodeInfo("")
+        self.results: dict[tuple[str, str], tuple[list[ServicePort], HealthCheck | None]] = {}
+        self.ports: dict[str, ServicePort] = {}
+        self.sorted_ids: list[str] = []
+        self.nodeports: dict[tuple[str, int], str] = {}
+        self.families: dict[Family, FamilyOptions] = {}
 
-    def parse(self, obj: SourceObject, parser: Any, warnings: list[str]) -> Any:
-        hit = self.parsed.get(id(obj))
-        if hit is not None and hit[0] is obj:
-            warnings.extend(hit[2])
-            return hit[1]
-        mine: list[str] = []
-        result = parser(obj, mine)
-        warnings.extend(mine)
-        self.parsed[id(obj)] = (obj, result, tuple(mine))
-        return result
+    def build(self, objects: Iterable[SourceObject], opts: BuildOptions) -> DesiredState:
+        new = {id(o): o for o in objects}
+        if opts != self.options:
+            self.__init__()  # type: ignore[misc]
+        added = [new[i] for i in new.keys() - self.objects.keys()]
+        removed = [self.objects[i] for i in self.objects.keys() - new.keys()]
+        added.sort(key=lambda o: (o.kind, o.namespace, o.name))
+
+        # 1. parse what is new (nothing is changed yet: errors leave the memory intact)
+        warnings: list[str] = []
+        errors: list[InputError] = []
+        parsed: dict[int, tuple[Any, tuple[str, ...]]] = {}
+        node_obj = self.node_obj
+        if node_obj is not None and id(node_obj) not in new:
+            node_obj = None
+        for obj in added:
+            try:
+                mine: list[str] = []
+                if obj.kind == "Service":
+                    parsed[id(obj)] = (_parse_service(obj, mine), tuple(mine))
+                elif obj.kind == "EndpointSlice":
+                    parsed[id(obj)] = (_parse_slice(obj, mine), tuple(mine))
+                elif obj.kind == "Node" and obj.name == opts.node_name:
+                    _Reader(obj).typed(("metadata", "labels"), dict, {})
+                    node_obj = obj
+            except InputError as exc:
+                errors.append(exc)
+        if errors:
+            raise InputErrors(errors)
+
+        # 2. what the changes touch
+        labels = dict(opts.node_labels)
+        if node_obj is not None:
+            labels.update({str(k): str(v) for k, v in (node_obj.body.get("metadata", {}).get("labels") or {}).items()})
+        node = NodeInfo(opts.node_name, labels.get(ZONE_LABEL) or None)
+        services = dict(self.services)
+        slices: dict[tuple[str, str], dict[int, tuple[SourceObject, _Slice]]] = {}  # copies of changed entries
+
+        def slices_of(key: tuple[str, str]) -> dict[int, tuple[SourceObject, _Slice]]:
+            if key not in slices:
+                slices[key] = dict(self.slices.get(key, {}))
+            return slices[key]
+
+        touched: set[tuple[str, str]] = set()
+        for obj in removed:
+            result = self.parsed.get(id(obj), (None, ()))[0]
+            if isinstance(result, _Service):
+                if services.get((result.namespace, result.name), (None,))[0] is obj:
+                    del services[(result.namespace, result.name)]
+                touched.add((result.namespace, result.name))
+            elif isinstance(result, _Slice):
+                slices_of((result.namespace, result.service)).pop(id(obj), None)
+                touched.add((result.namespace, result.service))
+        for obj in added:
+            result = parsed.get(id(obj), (None, ()))[0]
+            if isinstance(result, _Service):
+                services[(result.namespace, result.name)] = (obj, result)
+                touched.add((result.namespace, result.name))
+            elif isinstance(result, _Slice):
+                slices_of((result.namespace, result.service))[id(obj)] = (obj, result)
+                touched.add((result.namespace, result.service))
+        if node != self.node:
+            touched = set(services) | set(self.results)
+
+        # 3. rebuild the touched Services, check nodePorts, then commit
+        results = {}
+        for key in touched:
+            if key in services:
+                svc = services[key][1]
+                current = slices[key] if key in slices else self.slices.get(key, {})
+                svc_slices = sorted(current.values(), key=lambda pair: pair[0].name)
+                results[key] = _service_ports(svc, [sl for _, sl in svc_slices], node)
+            else:
+                results[key] = None
+        nodeports = self._check_nodeports(results)
+
+        self.options, self.node_obj, self.node = opts, node_obj, node
+        self.objects = new
+        for obj in removed:
+            self.parsed.pop(id(obj), None)
+        self.parsed.update(parsed)
+        self.services, self.nodeports = services, nodeports
+        for key, entries in slices.items():
+            if entries:
+                self.slices[key] = entries
+            else:
+                self.slices.pop(key, None)
+        for obj in removed:
+            self.warned.pop(id(obj), None)
+        self.warned.update({i: p[1] for i, p in parsed.items() if p[1]})
+        for key, result in results.items():
+            for sp in self.results.pop(key, ([], None))[0]:
+                del self.ports[sp.id]
+                del self.sorted_ids[bisect.bisect_left(self.sorted_ids, sp.id)]
+            if result is not None:
+                self.results[key] = result
+                for sp in result[0]:
+                    self.ports[sp.id] = sp
+                    bisect.insort(self.sorted_ids, sp.id)
+        cluster = _split_cidrs(opts.cluster_cidrs)
+        service_cidrs = _split_cidrs(opts.service_cidrs)
+        nodeport = _split_cidrs(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None
+        families: dict[Family, FamilyOptions] = {
+            f: FamilyOptions(cluster[f], service_cidrs[f], None if nodeport is None else nodeport[f])
+            for f in ("ipv4", "ipv6")
+        }
+        for w in self.warned.values():
+            warnings.extend(w)
+        health = sorted((r[1] for r in self.results.values() if r[1] is not None), key=lambda h: h.service)
+        return DesiredState(node, opts.masquerade_all, families, tuple([self.ports[i] for i in self.sorted_ids]),
+                            tuple(health), tuple(sorted(warnings)))
+
+    def _check_nodeports(self, results: dict[tuple[str, str], Any]) -> dict[tuple[str, int], str]:
+        """Two services on one nodePort would make the kernel state ambiguous: refuse."""
+        owners = dict(self.nodeports)
+        for key in results:
+            for sp in self.results.get(key, ([], None))[0]:
+                if sp.nodePort is not None and owners.get((sp.protocol, sp.nodePort)) == sp.id:
+                    del owners[(sp.protocol, sp.nodePort)]
+        errors = []
+        for key, result in sorted(results.items()):
+            for sp in (result[0] if result else []):
+                if sp.nodePort is None:
+                    continue
+                k = (sp.protocol, sp.nodePort)
+                if k in owners and owners[k] != sp.id:
+                    errors.append(InputError(f"Service {sp.namespace}/{sp.name}",
+                                             f"nodePort {sp.nodePort}/{sp.protocol} already used by {owners[k]}",
+                                             ("spec", "ports")))
+                owners.setdefault(k, sp.id)
+        if errors:
+            raise InputErrors(errors)
+        return owners
 
 
 def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions,
                         cache: BuildCache | None = None) -> DesiredState:
     """Validate and join Services, EndpointSlices and this node's Node into a DesiredState.
 
-    Raises InputErrors listing every invalid object (file:line:column: field: problem).
+    Raises InputErrors listing every invalid object (file:line:column: field: problem). With a
+    cache (the run loop), only what changed since the cache's last build is parsed and rebuilt.
     """
-    warnings: list[str] = []
-    errors: list[InputError] = []
-    services: list[tuple[SourceObject, _Service]] = []
-    slices: dict[tuple[str, str], list[tuple[SourceObject, _Slice]]] = defaultdict(list)
-    node_labels = dict(opts.node_labels)
-    memo = cache or BuildCache()
-    if cache is not None and cache.options != opts:
-        cache.services = {}
-        cache.options = opts
-    seen: set[int] = set()
-    parsed = memo.parsed
-    for obj in objects:
-        seen.add(id(obj))
-        try:
-            kind = obj.kind
-            if kind == "Service" or kind == "EndpointSlice":
-                hit = parsed.get(id(obj))
-                if hit is not None and hit[0] is obj:
-                    result = hit[1]
-                    if hit[2]:
-                        warnings.extend(hit[2])
-                else:
-                    result = memo.parse(obj, _parse_service if kind == "Service" else _parse_slice, warnings)
-                if result is None:
-                    continue
-                if kind == "Service":
-                    services.append((obj, result))
-                else:
-                    slices[(result.namespace, result.service)].append((obj, result))
-            elif obj.kind == "Node" and obj.name == opts.node_name:
-                labels = _Reader(obj).typed(("metadata", "labels"), dict, {})
-                node_labels.update({str(k): str(v) for k, v in labels.items()})
-        except InputError as exc:
-            errors.append(exc)
-    if cache is not None:
-        for key in [k for k in cache.parsed if k not in seen]:
-            del cache.parsed[key]
-    if errors:
-        raise InputErrors(errors)
-
-    node = NodeInfo(opts.node_name, node_labels.get(ZONE_LABEL) or None)
-    cluster = _split_cidrs(opts.cluster_cidrs)
-    service_cidrs = _split_cidrs(opts.service_cidrs)
-    nodeport = _split_cidrs(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None
-    families = {
-        f: FamilyOptions(cluster[f], service_cidrs[f], None if nodeport is None else nodeport[f])
-        for f in ("ipv4", "ipv6")
-    }
-
-    ports_out: list[ServicePort] = []
-    health: list[HealthCheck] = []
-    kept: dict[tuple[str, str], Any] = {}
-    env = (node.name, node.zone)  # the node inputs every Service's result depends on
-    for svc_obj, svc in services:
-        svc_slices = slices.get((svc.namespace, svc.name), [])
-        if len(svc_slices) > 1:
-            svc_slices.sort(key=lambda pair: pair[0].name)  # merge order must not depend on input order
-        key = (id(svc_obj), tuple([id(o) for o, _ in svc_slices]), env)
-        hit = memo.services.get((svc.namespace, svc.name))
-        if hit is not None and hit[0] == key:
-            ports, check = hit[1], hit[2]
-        else:
-            ports, check = _service_ports(svc, [sl for _, sl in svc_slices], node)
-        kept[(svc.namespace, svc.name)] = (key, ports, check)
-        ports_out.extend(ports)
-        if check is not None:
-            health.append(check)
-    if cache is not None:
-        cache.services = kept
-    ports_out.sort(key=lambda s: s.id)
-    _check_port_conflicts(ports_out)
-    return DesiredState(node, opts.masquerade_all, families, tuple(ports_out),
-                        tuple(sorted(health, key=lambda h: h.service)), tuple(sorted(warnings)))
+    return (cache or BuildCache()).build(objects, opts)
 
 
 def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
@@ -542,20 +607,3 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
     if svc.health_check_node_port is not None:
         check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port, max(local_ips, default=0))
     return ports, check
-
-
-def _check_port_conflicts(ports: list[ServicePort]) -> None:
-    """Two services on one nodePort would make the kernel state ambiguous: refuse."""
-    seen: dict[tuple[str, int], str] = {}
-    errors = []
-    for sp in ports:
-        if sp.nodePort is None:
-            continue
-        key = (sp.protocol, sp.nodePort)
-        if key in seen and seen[key] != sp.id:
-            errors.append(InputError(f"Service {sp.namespace}/{sp.name}",
-                                     f"nodePort {sp.nodePort}/{sp.protocol} already used by {seen[key]}",
-                                     ("spec", "ports")))
-        seen.setdefault(key, sp.id)
-    if errors:
-        raise InputErrors(errors)

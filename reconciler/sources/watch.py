@@ -57,7 +57,7 @@ class DirectorySource:
     kind = "directory"
 
     def __init__(self, root: str, on_change: Callable[[], None] | None = None, *,
-                 debounce_ms: int = 50, step_ms: int = 50, force_polling: bool | None = None) -> None:
+                 debounce_ms: int = 50, step_ms: int = 10, force_polling: bool | None = None) -> None:
         self.root = os.path.abspath(root)
         self._on_change = on_change
         self._debounce = debounce_ms
@@ -70,6 +70,7 @@ class DirectorySource:
         self._thread: threading.Thread | None = None
         self._first = True
         self._files: list[str] | None = None  # manifest files as of the last snapshot, sorted
+        self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
         self.failures = 0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -170,9 +171,11 @@ class DirectorySource:
         current = set(files) if check is None else None
         reread: list[str] = []
         removed: list[str] = []
+        old_entries: dict[str, _Entry | None] = {}
         with self._lock:
             for path in list(self._cache) if current is not None else [p for p in dirty if p in self._cache]:
                 if (path not in current) if current is not None else not os.path.isfile(path):
+                    old_entries[path] = self._cache[path]
                     del self._cache[path]
                     removed.append(path)
         for path in files if check is None else sorted(p for p in check if os.path.isfile(p)):
@@ -181,6 +184,7 @@ class DirectorySource:
                 entry = self._cache.get(path)
             if entry is not None and entry.signature == sig and sig is not None and path not in dirty:
                 continue
+            old_entries.setdefault(path, entry)
             new = _Entry(sig)
             try:
                 new.result = load_file(path)
@@ -202,5 +206,25 @@ class DirectorySource:
                 elif e.result is not None:
                     snap.objects.extend(e.result.objects)
                     snap.warnings.extend(e.result.warnings)
-        snap.errors.extend(duplicate_errors(snap.objects))
+        snap.errors.extend(self._duplicates(snap.objects, check, old_entries))
         return snap
+
+    def _duplicates(self, objects: list[SourceObject], check: set[str] | None,
+                    old_entries: dict[str, _Entry | None]) -> list[InputError]:
+        """duplicate_errors(objects), in O(changed files) when only some files changed."""
+        index = self._keys
+        if check is None or index is None:
+            errors = duplicate_errors(objects)
+            self._keys = None if errors else {(o.kind, o.namespace, o.name): o for o in objects}
+            return errors
+        for path, old in old_entries.items():
+            for o in (old.result.objects if old is not None and old.result else ()):
+                if index.get((o.kind, o.namespace, o.name)) is o:
+                    del index[(o.kind, o.namespace, o.name)]
+        for path in old_entries:
+            entry = self._cache.get(path)
+            for o in (entry.result.objects if entry is not None and entry.result else ()):
+                if index.setdefault((o.kind, o.namespace, o.name), o) is not o:
+                    self._keys = None
+                    return duplicate_errors(objects)
+        return []

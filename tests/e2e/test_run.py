@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+
+from reconciler.backends.nftables.render import shard_of, shard_table_name
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 
@@ -147,7 +149,7 @@ def metric(lab: Lab, name: str, labels: dict[str, str] | None = None) -> float:
 
 
 def nft_table(lab: Lab) -> str:
-    cp = lab.exec("node", ["nft", "list", "table", "ip", "reconciler"], check=False)
+    cp = lab.exec("node", ["nft", "list", "ruleset"], check=False)  # our main and shard tables
     return cp.stdout if cp.returncode == 0 else ""
 
 
@@ -183,7 +185,11 @@ def test_file_change_reaches_kernel_within_the_coalescing_period(lab: Lab, runni
     assert sync and sync[-1]["sync"] == "incremental" and sync[-1]["changed"] == 1
 
 
-@pytest.mark.parametrize("damage", ["flush table ip reconciler", "delete table ip reconciler"])
+WEB_SHARD = shard_table_name(shard_of("default/web:http/TCP"))
+
+
+@pytest.mark.parametrize("damage", ["flush table ip reconciler", "delete table ip reconciler",
+                                    f"delete table ip {WEB_SHARD}", f"flush table ip {WEB_SHARD}"])
 def test_drift_is_repaired_by_the_next_resync_and_counted(lab: Lab, running: Running, damage: str) -> None:
     before = metric(lab, "reconciler_drift_repairs_total")
     repaired_before = len(running.logged(r"^repaired drift: \d+ operations"))

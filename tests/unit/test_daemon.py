@@ -654,7 +654,7 @@ def start_in_netns(ns: str, start: Callable[[], Any]) -> Any:
 
 
 def nft_table(ns: str) -> str:
-    cp = subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "table", "ip", "reconciler"],
+    cp = subprocess.run(["ip", "netns", "exec", ns, "nft", "list", "ruleset"],
                         capture_output=True, text=True, timeout=10)
     return cp.stdout if cp.returncode == 0 else ""
 

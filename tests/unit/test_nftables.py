@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 
@@ -11,7 +12,7 @@ from helpers import HTTP, REPO, STATE_DIR, build, endpoint, endpoint_slice, serv
 from reconciler.backends.nftables.diff import diff, script
 from reconciler.backends.nftables.objects import Ruleset
 from reconciler.backends.nftables.observe import parse_table
-from reconciler.backends.nftables.render import render
+from reconciler.backends.nftables.render import render, shard_of
 from reconciler.desired import BuildOptions, build_desired_state
 from reconciler.plan import Plan, service_changes
 from reconciler.backends.nftables.backend import service_view
@@ -26,19 +27,38 @@ def example_state():
 
 
 def recorded() -> Ruleset:
+    """`nft -j list table` of every table of ours, recorded after `reconciler apply` of state/."""
     tables = {}
-    for fam in ("ip", "ip6"):
-        with open(os.path.join(DATA, f"state-example-{fam}.json")) as fh:
-            t = parse_table(json.load(fh), fam, "reconciler")
+    for path in sorted(glob.glob(os.path.join(DATA, "state-example-*.json"))):
+        fam, name = os.path.basename(path)[len("state-example-"):-len(".json")].split("-", 1)
+        with open(path) as fh:
+            t = parse_table(json.load(fh), fam, name)
         tables[t.ref] = t
     return Ruleset(tables)
+
+
+def chain(model: Ruleset, name: str, family: str = "ip"):
+    """A chain wherever it lives (service chains are in the shard tables)."""
+    found = [t.chains[name] for t in model.tables.values() if t.family == family and name in t.chains]
+    assert len(found) == 1, (name, len(found))
+    return found[0]
+
+
+def elements(model: Ruleset, set_name: str, family: str = "ip") -> dict:
+    out: dict = {}
+    for t in model.tables.values():
+        if t.family == family and set_name in t.sets:
+            out.update(t.sets[set_name].elements)
+    return out
 
 
 def test_recorded_kernel_output_parses_back_to_the_rendered_model():
     # Recorded with `nft -j list table` after `reconciler apply` of state/ (see README, "Tests").
     want = render(example_state())
     have = recorded()
-    assert set(want.tables) == {"ip reconciler", "ip6 reconciler"}
+    assert {"ip reconciler", "ip6 reconciler"} <= set(want.tables)
+    assert set(want.tables) == set(have.tables)
+    assert all(ref.split()[1].startswith("reconciler-") for ref in set(want.tables) - {"ip reconciler", "ip6 reconciler"})
     for ref in want.tables:
         assert want.tables[ref].chains == have.tables[ref].chains
         assert want.tables[ref].sets == have.tables[ref].sets
@@ -46,18 +66,17 @@ def test_recorded_kernel_output_parses_back_to_the_rendered_model():
 
 
 def test_rule_text_matches_nft_listing():
-    have = recorded().tables["ip reconciler"]
-    assert have.chains["svc-default/web/http/tcp"].rules == (
+    have = recorded()
+    assert chain(have, "svc-default/web/http/tcp").rules == (
         "ip saddr != @cluster-cidrs jump mark-for-masquerade",
         "meta l4proto tcp numgen random mod 3 0 dnat to 10.244.1.5:8080",
         "meta l4proto tcp numgen random mod 2 0 dnat to 10.244.2.7:8080",
         "meta l4proto tcp dnat to 10.244.3.4:8080",
     )
-    assert have.chains["masquerading"].rules[1] == "meta mark & 0x00004000 == 0x00000000 return"
-    no_ep = have.sets["no-endpoint-services"].elements
+    assert chain(have, "masquerading").rules[1] == "meta mark & 0x00004000 == 0x00000000 return"
+    no_ep = elements(have, "no-endpoint-services")
     assert no_ep["10.96.30.9 . tcp . 9090"] == ("goto reject-chain", "monitoring/prometheus:web/TCP")
-    v6 = recorded().tables["ip6 reconciler"]
-    assert any("dnat to [fd00:244:1::20]:8443" in r for r in v6.chains["ext-shop/frontend/https/tcp"].rules)
+    assert any("dnat to [fd00:244:1::20]:8443" in r for r in chain(have, "ext-shop/frontend/https/tcp", "ip6").rules)
 
 
 def test_unknown_expressions_are_drift_not_crashes():
@@ -70,9 +89,11 @@ def test_unknown_expressions_are_drift_not_crashes():
     assert t.chains["services"].rules[0].startswith("<unparsed")
 
 
-def many_services(n: int, changed: int | None = None):
+def many_services(n: int, changed: int | None = None, skip: int | None = None):
     objs = []
     for i in range(n):
+        if i == skip:
+            continue
         name = f"svc{i}"
         objs.append(service(name, f"10.96.{i // 250}.{i % 250 + 1}", HTTP))
         eps = [endpoint(f"10.244.{i // 250}.{j + 10}", node="node-b") for j in range(3)]
@@ -94,14 +115,27 @@ def test_one_endpoint_change_touches_only_that_service():
 
 
 def test_removed_service_removes_its_objects_in_safe_order():
-    before = render(many_services(3))
-    after = render(many_services(2))
+    ids = [f"default/svc{i}:http/TCP" for i in range(40)]
+    shards = [shard_of(i) for i in ids]
+    gone = next(i for i, s in enumerate(shards) if shards.count(s) > 1)  # its shard table stays
+    before = render(many_services(40))
+    after = render(many_services(40, skip=gone))
     ops = diff(after, before)
     texts = [o.text for o in ops]
-    elem = next(i for i, t in enumerate(texts) if t.startswith("delete element ip reconciler service-ips"))
-    chain = texts.index("delete chain ip reconciler svc-default/svc2/http/tcp")
-    assert texts.index("flush chain ip reconciler svc-default/svc2/http/tcp") < elem < chain
-    assert {o.service for o in ops} == {"default/svc2:http/TCP"}
+    name = f"svc-default/svc{gone}/http/tcp"
+    table = next(o.name.split(" chain ")[0] for o in ops if o.name.endswith(name))
+    elem = next(i for i, t in enumerate(texts) if t.startswith(f"delete element {table} service-ips"))
+    deleted = texts.index(f"delete chain {table} {name}")
+    assert texts.index(f"flush chain {table} {name}") < elem < deleted
+    assert {o.service for o in ops} == {f"default/svc{gone}:http/TCP"}
+
+
+def test_a_service_alone_in_its_shard_takes_the_shard_table_with_it():
+    ids = [f"default/svc{i}:http/TCP" for i in range(40)]
+    shards = [shard_of(i) for i in ids]
+    lonely = next(i for i, s in enumerate(shards) if shards.count(s) == 1)
+    ops = diff(render(many_services(40, skip=lonely)), render(many_services(40)))
+    assert [o.text for o in ops if o.kind == "table"] == [f"delete table ip reconciler-{shards[lonely]:02d}"]
 
 
 def test_plan_reads_in_service_terms_and_json_matches_schema():
@@ -119,7 +153,8 @@ def test_plan_reads_in_service_terms_and_json_matches_schema():
 def test_script_batches_elements_and_is_one_transaction_text():
     ops = diff(render(many_services(4)), Ruleset())
     text = script(ops)
-    assert text.count("add element ip reconciler service-ips") == 1
+    assert len([line for line in text.splitlines() if line.startswith("add element") and " service-ips { " in line]) == len(
+        {shard_of(sp.id) for sp in many_services(4).services})  # one batch per shard table
     assert text.splitlines()[0] == "add table ip reconciler"
 
 
@@ -130,7 +165,7 @@ def test_observed_model_matches_schema():
 
 def test_masquerade_options():
     objs = [service("web", "10.96.0.1", HTTP), endpoint_slice("web", [endpoint("10.244.1.5")])]
-    rules = lambda **o: render(build(objs, **o)).tables["ip reconciler"].chains["svc-default/web/http/tcp"].rules
+    rules = lambda **o: chain(render(build(objs, **o)), "svc-default/web/http/tcp").rules
     assert rules()[0] == "ip saddr != @cluster-cidrs jump mark-for-masquerade"
     assert rules(masquerade_all=True)[0] == "jump mark-for-masquerade"
     assert rules(cluster_cidrs=())[0].startswith("meta l4proto tcp dnat")  # no local detector: no masquerade
@@ -139,7 +174,7 @@ def test_masquerade_options():
 def test_nodeport_addresses_narrow_the_match():
     objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort"),
             endpoint_slice("web", [endpoint("10.244.1.5")])]
-    services = lambda **o: render(build(objs, **o)).tables["ip reconciler"].chains["services"].rules
+    services = lambda **o: chain(render(build(objs, **o)), "services").rules
     assert services()[1].startswith("ip daddr != 127.0.0.0/8 fib daddr type local ")
     assert services(nodeport_cidrs=("172.30.0.0/24", "10.1.0.0/16"))[1].startswith(
         "ip daddr { 10.1.0.0/16, 172.30.0.0/24 } fib daddr type local ")

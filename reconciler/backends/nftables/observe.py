@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import kernel
@@ -10,14 +11,22 @@ from .expr import Unsupported, element, rule_text, verdict_or_value
 from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
 
 
+def table_names() -> list[str]:
+    from .render import SHARDS, shard_table_name
+    return [TABLE] + [shard_table_name(n) for n in range(SHARDS)]
+
+
 def observe() -> Ruleset:
+    """Our tables (main and shards, both families), read in parallel: one `nft -j list table` each."""
+    wanted = [(family, name) for family in FAMILIES.values() for name in table_names()]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        docs = list(pool.map(lambda fn: kernel.list_table(*fn), wanted))
     tables = {}
-    for family in FAMILIES.values():
-        doc = kernel.list_table(family, TABLE)
+    for (family, name), doc in zip(wanted, docs):
         if doc is not None:
-            table = parse_table(doc, family, TABLE)
+            table = parse_table(doc, family, name)
             tables[table.ref] = table
-    return Ruleset(tables)
+    return Ruleset(dict(sorted(tables.items())))
 
 
 def parse_table(doc: dict[str, Any], family: str, name: str) -> Table:

@@ -1,6 +1,7 @@
 """DesiredState -> nftables Ruleset. A plain renderer: every decision is already in the document.
 
-Layout per family (table `ip reconciler` / `ip6 reconciler`), built to keep the object count low:
+Layout per family: `ip reconciler` (shared checks and masquerading) and 16 DNAT tables
+`ip reconciler-00` … `-15` (see Renderer), built to keep the object count low:
 one chain per service port (`svc-…`) choosing its endpoint with a `numgen` cascade, one more only
 for external traffic that needs other handling (`ext-…`), per-endpoint chains only for session
 affinity (`ep-…`); every address lookup is one map; no set or chain per endpoint otherwise.
@@ -8,6 +9,7 @@ affinity (`ep-…`); every address lookup is one map; no set or chain per endpoi
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from typing import Any, Iterable
 
@@ -89,26 +91,55 @@ def canonical_cidr(c: str) -> str:
     return str(net.network_address) if net.prefixlen == net.max_prefixlen else str(net)
 
 
+SHARDS = 16
+
+
+def shard_table_name(shard: int) -> str:
+    return f"{TABLE}-{shard:02d}"
+
+
+def shard_of(service_port_id: str) -> int:
+    """Which DNAT table a service port lives in: a stable hash of its id."""
+    return int.from_bytes(hashlib.blake2b(service_port_id.encode(), digest_size=4).digest(), "big") % SHARDS
+
+
+def _set(name: str, key: str, elems: Elements, value: str | None = None, flags: tuple[str, ...] = ()) -> NftSet:
+    return NftSet(name, key, value, flags, None, dict(elems))
+
+
+def _chains(plain: dict[str, list[str]], hooked: dict[str, list[str]]) -> dict[str, Chain]:
+    out = {name: Chain(name, tuple(rules)) for name, rules in plain.items()}
+    out.update({name: Chain(name, tuple(rules), _BASE_CHAINS[name]) for name, rules in hooked.items()})
+    return out
+
+
 def render(desired: DesiredState) -> Ruleset:
     """The tables that implement `desired` (a family with no services is omitted)."""
     return Renderer().render(desired)
 
 
-_MAPS = ("service_ips", "nodeports", "no_ep_services", "no_ep_nodeports", "firewall_ips", "firewall_allow",
-         "hairpin", "cluster_ips")
+_MAIN_MAPS = ("no_ep_services", "no_ep_nodeports", "firewall_ips", "firewall_allow", "hairpin", "cluster_ips")
+_SHARD_MAPS = ("service_ips", "nodeports")
 
 
 class Renderer:
     """Renders with memory: each service port's objects (its fragment) are kept, and the next
     render only rebuilds the fragments of service ports that are not the very same objects as
-    before (desired.BuildCache keeps unchanged ones identical). Cost: O(changed service ports)."""
+    before (desired.BuildCache keeps unchanged ones identical). Cost: O(changed service ports).
+
+    Layout: per family, `reconciler` holds what all services share (REJECT/DROP, source ranges,
+    masquerading) and SHARDS tables `reconciler-NN` hold the DNAT chains and maps, each service
+    port in one shard by hash. The kernel re-validates a whole table on every change to it, so
+    sharding keeps the cost of one change independent of the number of services.
+    """
 
     def __init__(self) -> None:
         self._key: Any = None
-        self._fragments: dict[str, tuple[ServicePort, dict[str, _Builder]]] = {}
-        self._sum: dict[str, _Builder] = {}
+        self._fragments: dict[str, tuple[ServicePort, int, dict[str, _Builder]]] = {}
+        self._main: dict[str, _Builder] = {}
+        self._shards: dict[str, list[_Builder]] = {}
         self._refs: dict[str, dict[str, dict[str, int]]] = {}
-        self._count: dict[str, int] = {}
+        self._count: dict[str, list[int]] = {}
 
     def render(self, desired: DesiredState) -> Ruleset:
         key = (desired.masqueradeAll, tuple(sorted(desired.families.items())))
@@ -116,61 +147,74 @@ class Renderer:
             self.__init__()  # type: ignore[misc]
             self._key = key
             for family in ("ipv4", "ipv6"):
+                fam = _Family(family)  # type: ignore[arg-type]
                 opts = desired.families.get(family, FamilyOptions())  # type: ignore[call-overload]
-                self._sum[family] = _Builder(_Family(family), opts, desired.masqueradeAll)  # type: ignore[arg-type]
-                self._refs[family] = {m: {} for m in _MAPS}
-                self._count[family] = 0
+                self._main[family] = _Builder(fam, opts, desired.masqueradeAll)
+                self._shards[family] = [_Builder(fam, opts, desired.masqueradeAll) for _ in range(SHARDS)]
+                self._refs[family] = {m: {} for m in _MAIN_MAPS}
+                self._count[family] = [0] * SHARDS
         wanted = {sp.id: sp for sp in desired.services}
-        for sid in [sid for sid, (sp, _) in self._fragments.items() if wanted.get(sid) is not sp]:
+        for sid in [sid for sid, (sp, _, _) in self._fragments.items() if wanted.get(sid) is not sp]:
             self._remove(sid)
         for sid, sp in wanted.items():
             if sid not in self._fragments:
                 self._add(sp)
         tables = {}
-        for family, b in self._sum.items():
-            if self._count[family]:
-                table = b.table()
-                tables[table.ref] = table
+        for family, counts in self._count.items():
+            if not any(counts):
+                continue
+            main = self._main[family].main_table()
+            tables[main.ref] = main
+            for n, count in enumerate(counts):
+                if count:
+                    t = self._shards[family][n].shard_table(n)
+                    tables[t.ref] = t
         return Ruleset(tables)
 
     def _add(self, sp: ServicePort) -> None:
+        n = shard_of(sp.id)
         frags = {}
         for blk in sp.families:
-            total = self._sum[blk.family]
-            frag = _Builder(total.fam, total.opts, total.masquerade_all)
+            main, shard = self._main[blk.family], self._shards[blk.family][n]
+            frag = _Builder(main.fam, main.opts, main.masquerade_all)
             frag.service(sp, blk)
             frags[blk.family] = frag
-            total.chains.update(frag.chains)
-            total.sets.update(frag.sets)
+            shard.chains.update(frag.chains)
+            shard.sets.update(frag.sets)
+            for m in _SHARD_MAPS:
+                getattr(shard, m).update(getattr(frag, m))
             refs = self._refs[blk.family]
-            for m in _MAPS:
+            for m in _MAIN_MAPS:
                 part: Elements = getattr(frag, m)
                 if part:
-                    getattr(total, m).update(part)
+                    getattr(main, m).update(part)
                     counts = refs[m]
                     for k in part:
                         counts[k] = counts.get(k, 0) + 1
-            self._count[blk.family] += 1
-        self._fragments[sp.id] = (sp, frags)
+            self._count[blk.family][n] += 1
+        self._fragments[sp.id] = (sp, n, frags)
 
     def _remove(self, sid: str) -> None:
-        _, frags = self._fragments.pop(sid)
+        _, n, frags = self._fragments.pop(sid)
         for family, frag in frags.items():
-            total = self._sum[family]
+            main, shard = self._main[family], self._shards[family][n]
             for name in frag.chains:
-                del total.chains[name]
+                del shard.chains[name]
             for name in frag.sets:
-                del total.sets[name]
+                del shard.sets[name]
+            for m in _SHARD_MAPS:
+                elems = getattr(shard, m)
+                for k in getattr(frag, m):
+                    del elems[k]
             refs = self._refs[family]
-            for m in _MAPS:
-                part: Elements = getattr(frag, m)
-                counts, elems = refs[m], getattr(total, m)
-                for k in part:
+            for m in _MAIN_MAPS:
+                counts, elems = refs[m], getattr(main, m)
+                for k in getattr(frag, m):
                     counts[k] -= 1
                     if counts[k] == 0:
                         del counts[k]
                         del elems[k]
-            self._count[family] -= 1
+            self._count[family][n] -= 1
 
 
 class _Builder:
@@ -292,39 +336,27 @@ class _Builder:
 
     # -- the shared skeleton ---------------------------------------------------------------
 
-    def table(self) -> Table:
-        f, ip, addr = self.fam, self.fam.ip, self.fam.addr_type
+    def main_table(self) -> Table:
+        """`ip reconciler`: REJECT/DROP and source-range checks, masquerading, shared sets."""
+        ip, addr = self.fam.ip, self.fam.addr_type
         svc_key = f"{addr} . inet_proto . inet_service"
-
-        sets = dict(self.sets)
-
-        def nset(name: str, key: str, elems: Elements, value: str | None = None,
-                 flags: tuple[str, ...] = ()) -> None:
-            sets[name] = NftSet(name, key, value, flags, None, dict(elems))
-
-        nset("service-ips", svc_key, self.service_ips, "verdict")
-        nset("service-nodeports", "inet_proto . inet_service", self.nodeports, "verdict")
-        nset("no-endpoint-services", svc_key, self.no_ep_services, "verdict")
-        nset("no-endpoint-nodeports", "inet_proto . inet_service", self.no_ep_nodeports, "verdict")
-        nset("firewall-ips", svc_key, self.firewall_ips)
-        nset("firewall-allow", f"{svc_key} . {addr}", self.firewall_allow, flags=("interval",))
-        nset("hairpin", f"{addr} . {addr}", self.hairpin)
-        if self.opts.clusterCIDRs:
-            nset("cluster-cidrs", addr, {canonical_cidr(c): (None, None) for c in self.opts.clusterCIDRs}, flags=("interval",))
-
+        sets = {
+            "no-endpoint-services": _set("no-endpoint-services", svc_key, self.no_ep_services, "verdict"),
+            "no-endpoint-nodeports": _set("no-endpoint-nodeports", "inet_proto . inet_service", self.no_ep_nodeports,
+                                          "verdict"),
+            "firewall-ips": _set("firewall-ips", svc_key, self.firewall_ips),
+            "firewall-allow": _set("firewall-allow", f"{svc_key} . {addr}", self.firewall_allow, flags=("interval",)),
+            "hairpin": _set("hairpin", f"{addr} . {addr}", self.hairpin),
+        }
         nodeport_match = self._nodeport_match()
-        services = [f"{ip} daddr . meta l4proto . th dport vmap @service-ips"]
         endpoints_check = [f"{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services"]
         if nodeport_match is not None:
-            services.append(f"{nodeport_match}meta l4proto . th dport vmap @service-nodeports")
             endpoints_check.append(f"{nodeport_match}meta l4proto . th dport vmap @no-endpoint-nodeports")
         if self.opts.serviceCIDRs:
-            nset("cluster-ips", addr, self.cluster_ips)
+            sets["cluster-ips"] = _set("cluster-ips", addr, self.cluster_ips)
             endpoints_check.append(f"{ip} daddr @cluster-ips reject")
             endpoints_check.append(f"{ip} daddr {anon_set(canonical_cidr(c) for c in self.opts.serviceCIDRs)} drop")
-
-        skeleton = {
-            "services": services,
+        chains = _chains({
             "endpoints-check": endpoints_check,
             "firewall-check": [f"{ip} daddr . meta l4proto . th dport @firewall-ips "
                                f"{ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow drop"],
@@ -336,23 +368,33 @@ class _Builder:
                 "masquerade fully-random",
             ],
             REJECT_CHAIN: ["reject"],
-        }
-        hooks = {
-            "nat-prerouting": ["jump services"],
-            "nat-output": ["jump services"],
+        }, {
             "nat-postrouting": ["jump masquerading"],
             "firewall-prerouting": ["ct state new jump firewall-check"],
             "firewall-output": ["ct state new jump firewall-check"],
             "filter-input": ["ct state new jump endpoints-check"],
             "filter-forward": ["ct state new jump endpoints-check"],
             "filter-output": ["ct state new jump endpoints-check"],
-        }
+        })
+        return Table(self.fam.nft, TABLE, chains, sets)
+
+    def shard_table(self, shard: int) -> Table:
+        """`ip reconciler-NN`: DNAT for the service ports of one shard (their chains and maps)."""
+        ip, addr = self.fam.ip, self.fam.addr_type
+        sets = dict(self.sets)
+        sets["service-ips"] = _set("service-ips", f"{addr} . inet_proto . inet_service", self.service_ips, "verdict")
+        sets["service-nodeports"] = _set("service-nodeports", "inet_proto . inet_service", self.nodeports, "verdict")
+        if self.opts.clusterCIDRs:
+            sets["cluster-cidrs"] = _set("cluster-cidrs", addr, {canonical_cidr(c): (None, None)
+                                                                for c in self.opts.clusterCIDRs}, flags=("interval",))
+        services = [f"{ip} daddr . meta l4proto . th dport vmap @service-ips"]
+        nodeport_match = self._nodeport_match()
+        if nodeport_match is not None:
+            services.append(f"{nodeport_match}meta l4proto . th dport vmap @service-nodeports")
         chains = dict(self.chains)
-        for name, rules in skeleton.items():
-            chains[name] = Chain(name, tuple(rules))
-        for name, rules in hooks.items():
-            chains[name] = Chain(name, tuple(rules), _BASE_CHAINS[name])
-        return Table(f.nft, TABLE, chains, sets)
+        chains.update(_chains({"services": services, MARK_MASQ: [f"meta mark set meta mark | 0x{MASQ_BIT:08x}"]},
+                              {"nat-prerouting": ["jump services"], "nat-output": ["jump services"]}))
+        return Table(self.fam.nft, shard_table_name(shard), chains, sets)
 
     def _nodeport_match(self) -> str | None:
         ip = self.fam.ip
