@@ -193,8 +193,7 @@ class Daemon:
         self.applied_model: Any = None  # the kernel model after the last successful apply
         self._objects: dict[Key, Any] = {}
         self._build_cache = BuildCache()  # unchanged Services are not rebuilt
-        self._triggers: dict[Key, str] = {}  # trigger times of the input being built
-        self._applied_triggers: dict[Key, str] = {}
+        self._triggers: dict[Key, str] = {}  # trigger times of slices changed since the last applied sync
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
@@ -295,10 +294,11 @@ class Daemon:
             self._input_failed([str(e) for e in errors], kept=False)
         else:
             self._input_ok()
-        self._count_changes(objects)
-        self._node = next((dict(o.body) for o in objects if o.kind == "Node" and o.name == self.opts.node_name),
-                          None)
-        self._triggers = trigger_times(objects)
+        # What changed, from the build's own delta: O(changes), not O(objects)
+        cache = self._build_cache
+        self._count_changes(cache.last_added, cache.last_removed)
+        self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
+        self._triggers.update(trigger_times(cache.last_added))
         self.desired = desired
 
     def _build(self, objects: list[SourceObject]) -> tuple[DesiredState | None, list[InputError], list[str]]:
@@ -346,13 +346,11 @@ class Daemon:
         self.health.set_input_error(None)
         self.metrics.degraded.set(0)
 
-    def _count_changes(self, objects: Iterable[SourceObject]) -> None:
-        new = {o.key: o.body for o in objects if o.kind in ("Service", "EndpointSlice")}
-        old = self._objects
-        for key in set(new) | set(old):
-            if old.get(key) != new.get(key):
-                (self.metrics.service_changes if key[0] == "Service" else self.metrics.endpoint_changes).inc()
-        self._objects = new
+    def _count_changes(self, added: list[SourceObject], removed: list[SourceObject]) -> None:
+        """Count changed Services and EndpointSlices (an update is one removal plus one addition)."""
+        keys = {(o.kind, o.namespace, o.name) for o in (*added, *removed) if o.kind in ("Service", "EndpointSlice")}
+        for kind, _, _ in keys:
+            (self.metrics.service_changes if kind == "Service" else self.metrics.endpoint_changes).inc()
 
     # -- syncing -----------------------------------------------------------------------------
 
@@ -443,10 +441,10 @@ class Daemon:
         m.observe_operations(ops)
         m.set_no_local_endpoints(desired)
         m.services.set(len(desired.services))
-        for latency in network_programming_latencies(self._applied_triggers, self._triggers,
-                                                     self.clock.time(), self.start_wall):
+        # trigger times of the slices that changed since the last applied sync
+        for latency in network_programming_latencies({}, self._triggers, self.clock.time(), self.start_wall):
             m.network_programming.observe(latency)
-        self._applied_triggers = dict(self._triggers)
+        self._triggers = {}
         self.health.updated()
         if self.service_health is not None:
             self.service_health.sync(desired.healthChecks)

@@ -438,6 +438,8 @@ class BuildCache:
         self.sorted_ids: list[str] = []
         self.nodeports: dict[tuple[str, int], str] = {}
         self.families: dict[Family, FamilyOptions] = {}
+        self.last_added: list[SourceObject] = []  # what the last successful build saw change
+        self.last_removed: list[SourceObject] = []
 
     def build(self, objects: Iterable[SourceObject], opts: BuildOptions) -> DesiredState:
         new = {id(o): o for o in objects}
@@ -517,6 +519,7 @@ class BuildCache:
 
         self.options, self.node_obj, self.node = opts, node_obj, node
         self.objects = new
+        self.last_added, self.last_removed = added, removed
         for obj in removed:
             self.parsed.pop(id(obj), None)
         self.parsed.update(parsed)

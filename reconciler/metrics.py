@@ -34,6 +34,8 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self._nle_cache: dict[str, tuple[Any, int, int]] = {}
+        self._nle_totals = [0, 0]
         r = self.registry
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
@@ -101,19 +103,43 @@ class Metrics:
             self.kernel_operations.labels(names.get(op.action, str(op.action))).inc()
 
     def set_no_local_endpoints(self, desired: DesiredState) -> None:
-        self.no_local_endpoints.labels("internal").set(no_local_endpoints(desired, "internal"))
-        self.no_local_endpoints.labels("external").set(no_local_endpoints(desired, "external"))
+        """Gauges per traffic policy; service ports that are the same objects as last time are not
+        looked at again, so the cost follows the changes."""
+        cache = self._nle_cache
+        seen = {}
+        totals = self._nle_totals
+        for sp in desired.services:
+            hit = cache.get(sp.id)
+            if hit is not None and hit[0] is sp:
+                seen[sp.id] = hit
+                continue
+            if hit is not None:
+                totals[0] -= hit[1]
+                totals[1] -= hit[2]
+            entry = (sp, _no_local(sp, "internal"), _no_local(sp, "external"))
+            totals[0] += entry[1]
+            totals[1] += entry[2]
+            seen[sp.id] = entry
+        for sid in cache.keys() - seen.keys():
+            totals[0] -= cache[sid][1]
+            totals[1] -= cache[sid][2]
+        self._nle_cache = seen
+        self.no_local_endpoints.labels("internal").set(totals[0])
+        self.no_local_endpoints.labels("external").set(totals[1])
 
 
 def no_local_endpoints(desired: DesiredState, policy: str) -> int:
     """Service ports (per IP family, like kube-proxy's per-family proxiers summed) whose traffic
     policy is Local and that have no local endpoint to send that traffic to."""
+    return sum(_no_local(sp, policy) for sp in desired.services)
+
+
+def _no_local(sp: Any, policy: str) -> int:
     n = 0
-    for sp in desired.services:
-        for fam in sp.families:
-            path = fam.internal if policy == "internal" else fam.external
-            if path is not None and path.policy == "Local" and not path.endpoints:
-                n += 1
+    for fam in sp.families:
+        path = fam.internal if policy == "internal" else fam.external
+        if path is not None and path.policy == "Local" and not path.endpoints:
+            n += 1
     return n
 
 
