@@ -21,7 +21,7 @@ Protocol = Literal["TCP", "UDP", "SCTP"]
 Verdict = Literal["forward", "reject", "drop"]
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True, order=True, slots=True)
 class Endpoint:
     """One backend address the data path may DNAT to."""
 
@@ -35,7 +35,7 @@ class Endpoint:
         return {"ip": self.ip, "port": self.port}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TrafficPath:
     """How one kind of traffic (internal = ClusterIP, external = NodePort/externalIP/LB) is handled.
 
@@ -60,7 +60,7 @@ class TrafficPath:
         return d
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ServicePortFamily:
     """One service port in one IP family: its addresses and resolved traffic paths."""
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EndpointInfo:
     """An endpoint as read from EndpointSlices, with its conditions and topology hints."""
 

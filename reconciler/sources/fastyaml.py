@@ -9,6 +9,7 @@ ruamel.yaml's own loader, which stays the reference.
 from __future__ import annotations
 
 import re
+from sys import intern
 from typing import Any
 
 from ruamel.yaml import events as ev
@@ -75,7 +76,7 @@ def load_all(text: str) -> list[Any]:
                 raise Unsupported("complex mapping key")
             if value == "<<":
                 raise Unsupported("merge key")
-            frame[1] = value
+            frame[1] = intern(value) if isinstance(value, str) else value  # keys repeat: share them
         else:
             container[frame[1]] = value
             frame[1] = nokey

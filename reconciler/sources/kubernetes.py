@@ -9,7 +9,6 @@ All HTTP goes through the official client's REST layer (`_preload_content=False`
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import random
@@ -106,6 +105,7 @@ class KubernetesSource:
         self._watch_timeout = watch_timeout
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
+        self._memo: dict[tuple[str, str, str], SourceObject] = {}  # snapshot objects, reused while unchanged
         self._notify_lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = threading.Event()
@@ -146,18 +146,24 @@ class KubernetesSource:
         return self._synced.wait(timeout)
 
     def snapshot(self) -> list[SourceObject]:
-        """A consistent deep copy of the whole cache, ordered by kind, namespace, name."""
+        """The whole cache, consistent, ordered by kind, namespace, name.
+
+        Bodies are shared, not copied: the informers replace a body on every change and never
+        mutate one, so callers must treat them as read-only. An unchanged object comes back as the
+        very same SourceObject, which lets the run loop's caches skip it (O(changes) per sync).
+        """
         with self._lock:
-            items = [
-                (inf.kind, key, copy.deepcopy(body))
-                for inf in self._informers
-                for key, body in inf.cache.items()
-            ]
+            items = [(inf.kind, key, body) for inf in self._informers for key, body in inf.cache.items()]
         items.sort(key=lambda t: (KINDS.index(t[0]), t[1]))
-        return [
-            SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
-            for kind, (ns, name), body in items
-        ]
+        out, memo = [], {}
+        for kind, (ns, name), body in items:
+            obj = self._memo.get((kind, ns, name))
+            if obj is None or obj.body is not body:
+                obj = SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
+            memo[(kind, ns, name)] = obj
+            out.append(obj)
+        self._memo = memo
+        return out
 
     @property
     def counters(self) -> dict[str, int]:
@@ -332,6 +338,8 @@ class KubernetesSource:
             self._counters["lists"] += 1
             if inf.synced:
                 self._counters["relists"] += 1
+            # keep the old body object where nothing changed, so snapshots stay identical
+            items = {k: (inf.cache[k] if inf.cache.get(k) == v else v) for k, v in items.items()}
             changed = inf.cache != items
             inf.cache = items
             inf.resource_version = rv

@@ -123,8 +123,18 @@ def test_snapshot_objects_are_plain_api_json(server: FakeAPIServer, make_source:
     assert svc.body["spec"]["clusterIP"] == "10.96.0.10"  # camelCase, as on the wire
     eps = next(o for o in objs if o.kind == "EndpointSlice")
     assert eps.body["apiVersion"] == "discovery.k8s.io/v1" and eps.body["addressType"] == "IPv4"
-    svc.body["spec"]["clusterIP"] = "mutated"
-    assert body(src, "Service", "a")["spec"]["clusterIP"] == "10.96.0.10"  # type: ignore[index]
+    # Unchanged objects come back as the very same SourceObjects (the run loop's caches rely on
+    # it); a changed one is a new object.
+    again = src.snapshot()
+    assert all(a is b for a, b in zip(objs, again)) and len(objs) == len(again)
+    server.update(service("a", port=81))
+    deadline = time.monotonic() + 3
+    while body(src, "Service", "a")["spec"]["ports"][0]["port"] != 81 and time.monotonic() < deadline:  # type: ignore[index]
+        time.sleep(0.01)
+    third = src.snapshot()
+    changed = next(o for o in third if o.kind == "Service" and o.name == "a")
+    assert changed is not svc and changed.body["spec"]["ports"][0]["port"] == 81
+    assert all(a is b for a, b in zip(objs, third) if a.name != "a" or a.kind != "Service")
 
 
 def test_pagination_uses_limit_and_continue(server: FakeAPIServer, make_source: Any) -> None:
