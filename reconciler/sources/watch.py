@@ -51,6 +51,10 @@ def _signature(path: str) -> Signature | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
 
 
+def _hidden(rel: str) -> bool:
+    return any(part.startswith(".") for part in rel.split(os.sep))
+
+
 class DirectorySource:
     """Manifests under `root`, kept current by a watchfiles thread."""
 
@@ -139,10 +143,18 @@ class DirectorySource:
             return False
         for path in dirty:
             rel = os.path.relpath(path, self.root)
-            if rel.startswith("..") or any(part.startswith(".") for part in rel.split(os.sep)):
+            if rel == "." or rel.startswith(".."):
                 return False
-            if not path.endswith(SUFFIXES) or os.path.isdir(path):
+            if any(part.startswith(".") for part in rel.split(os.sep)):
+                continue  # hidden: never read (an editor's temporary file, a .git folder)
+            if os.path.isdir(path):
                 return False
+            if not path.endswith(SUFFIXES):
+                # another file (an editor's temporary file, a README): irrelevant, unless it was a
+                # directory that is gone now
+                prefix = path + os.sep
+                if not os.path.exists(path) and any(f.startswith(prefix) for f in self._files):
+                    return False
         return True
 
     def snapshot(self) -> Snapshot:
@@ -155,10 +167,12 @@ class DirectorySource:
             dirty, self._dirty = self._dirty, set()
         if self._only_files(dirty):
             assert self._files is not None
-            files = sorted(set(self._files) | {p for p in dirty if os.path.isfile(p)} -
-                           {p for p in dirty if not os.path.isfile(p)}) if any(
-                p not in self._cache or not os.path.isfile(p) for p in dirty) else self._files
-            check = dirty
+            check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(os.path.relpath(p, self.root))}
+            present = {p for p in check if os.path.isfile(p)}
+            if any(p not in self._cache for p in present) or check - present:
+                files = sorted((set(self._files) | present) - (check - present))
+            else:
+                files = self._files
         else:
             try:
                 files = manifest_files(self.root)
@@ -173,7 +187,7 @@ class DirectorySource:
         removed: list[str] = []
         old_entries: dict[str, _Entry | None] = {}
         with self._lock:
-            for path in list(self._cache) if current is not None else [p for p in dirty if p in self._cache]:
+            for path in list(self._cache) if current is not None else [p for p in check if p in self._cache]:
                 if (path not in current) if current is not None else not os.path.isfile(path):
                     old_entries[path] = self._cache[path]
                     del self._cache[path]

@@ -495,6 +495,32 @@ def test_directory_cache_rereads_only_changed_files(tmp_path: Path, count_loads:
     assert [os.path.basename(p) for p in snap.removed] == ["s2.yaml"]
 
 
+def test_named_files_are_checked_without_walking_the_tree(tmp_path: Path, count_loads: list[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the watcher names (a manifest, an editor's temporary file) is all a snapshot looks at."""
+    for i in range(4):
+        (tmp_path / f"s{i}.yaml").write_text(SVC_YAML.format(name=f"s{i}", ip=f"10.96.0.{10 + i}", port=80))
+    src = DirectorySource(str(tmp_path))
+    src.snapshot()
+    walks: list[str] = []
+    real_walk = watch_mod.manifest_files
+    monkeypatch.setattr(watch_mod, "manifest_files", lambda root: walks.append(root) or real_walk(root))
+    count_loads.clear()
+    write(tmp_path / "s1.yaml", SVC_YAML.format(name="s1", ip="10.96.0.11", port=81))
+    src._dirty |= {str(tmp_path / "s1.yaml"), str(tmp_path / ".s1.yaml.tmp"), str(tmp_path / "notes.txt")}
+    snap = src.snapshot()
+    assert walks == [] and count_loads == ["s1.yaml"] and snap.changed
+    assert {o.name: o.body["spec"]["ports"][0]["port"] for o in snap.objects}["s1"] == 81
+    (tmp_path / "s3.yaml").unlink()
+    (tmp_path / "s4.yaml").write_text(SVC_YAML.format(name="s4", ip="10.96.0.14", port=80))
+    src._dirty |= {str(tmp_path / "s3.yaml"), str(tmp_path / "s4.yaml")}
+    snap = src.snapshot()
+    assert walks == [] and sorted(o.name for o in snap.objects) == ["s0", "s1", "s2", "s4"]
+    src._dirty |= {str(tmp_path)}  # a directory event: walk the tree
+    src.snapshot()
+    assert walks == [str(tmp_path)]
+
+
 def test_directory_events_trigger_on_change_and_partial_reload(tmp_path: Path, count_loads: list[str]) -> None:
     for i in range(3):
         (tmp_path / f"s{i}.yaml").write_text(SVC_YAML.format(name=f"s{i}", ip=f"10.96.0.{10 + i}", port=80))

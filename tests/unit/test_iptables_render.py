@@ -55,15 +55,18 @@ def test_clusterip_chain_masquerades_non_pods_and_balances():
     assert specs(m, svc_chain(web)) == [
         f"! -s 10.244.0.0/16 {c} -j RECONCILER-MARK-MASQ",
         f"{c} -m statistic --mode random --probability 0.33333333349 -j {seps[0]}",
-        f"{c} -m statistic --mode random --probability 0.50000000000 -j {seps[1]}",
-        f"{c} -j {seps[2]}",
+        f"-p tcp {c} -m statistic --mode random --probability 0.50000000000 -m tcp "
+        "-j DNAT --to-destination 10.244.2.7:8080",
+        f"-p tcp {c} -m tcp -j DNAT --to-destination 10.244.3.4:8080",
     ]
-    # 10.244.1.5 is on this node: hairpin traffic is masqueraded
+    # 10.244.1.5 is on this node: hairpin traffic is masqueraded, only when that endpoint is chosen
     assert specs(m, seps[0]) == [
         f"-s 10.244.1.5/32 {c} -j RECONCILER-MARK-MASQ",
         f"-p tcp {c} -m tcp -j DNAT --to-destination 10.244.1.5:8080",
     ]
-    assert specs(m, seps[1]) == [f"-p tcp {c} -m tcp -j DNAT --to-destination 10.244.2.7:8080"]
+    # the remote endpoints are DNATed inline: no chain of their own
+    nat = m.table("ipv4", "nat").chains
+    assert seps[1] not in nat and seps[2] not in nat
     assert f"-d 10.96.10.20/32 -p tcp {c} -m tcp --dport 80 -j {svc_chain(web)}" in specs(m, SERVICES)
     udp = sp(d, "kube-system/kube-dns:dns/UDP")
     assert (f"-d 10.96.0.10/32 -p udp {C(udp.id)} -m udp --dport 53 -j {svc_chain(udp)}"
@@ -79,7 +82,8 @@ def test_nodeport_cluster_policy_masquerades_everything():
     ext = specs(m, ext_chain(web))
     assert ext[0] == f"{c} -j RECONCILER-MARK-MASQ"
     assert [r.split(" -j ")[-1] for r in ext[1:]] == [
-        sep_chain(web, Endpoint(ip, 8080)) for ip in ("10.244.1.5", "10.244.2.7", "10.244.3.4")]
+        sep_chain(web, Endpoint("10.244.1.5", 8080)),
+        "DNAT --to-destination 10.244.2.7:8080", "DNAT --to-destination 10.244.3.4:8080"]
     # the jump to the nodeports chain is the last rule, for local destinations but loopback
     assert specs(m, SERVICES)[-1] == "! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j RECONCILER-NODEPORTS"
     assert specs(m, SERVICES, "ipv6")[-1] == "! -d ::1/128 -m addrtype --dst-type LOCAL -j RECONCILER-NODEPORTS"
@@ -90,20 +94,23 @@ def test_etp_local_short_circuits_pods_and_node_and_keeps_client_ips():
     m = render(d)
     fe = sp(d, "shop/frontend:https/TCP")
     c = C(fe.id)
-    local, remote = sep_chain(fe, Endpoint("10.244.1.20", 8443)), sep_chain(fe, Endpoint("10.244.2.20", 8443))
+    local = sep_chain(fe, Endpoint("10.244.1.20", 8443))  # hairpin: a chain; the remote one is DNATed inline
+    remote = "-m tcp -j DNAT --to-destination 10.244.2.20:8443"
     half = "-m statistic --mode random --probability 0.50000000000"
     addrtype = "-m addrtype --src-type LOCAL"
     assert specs(m, ext_chain(fe)) == [
         f"-s 10.244.0.0/16 {c} {half} -j {local}",
-        f"-s 10.244.0.0/16 {c} -j {remote}",
+        f"-s 10.244.0.0/16 -p tcp {c} {remote}",
         f"{c} {addrtype} -j RECONCILER-MARK-MASQ",
         f"{c} {addrtype} {half} -j {local}",
-        f"{c} {addrtype} -j {remote}",
+        f"-p tcp {c} {addrtype} {remote}",
         f"{c} -j {local}",  # everyone else: local endpoints only, not masqueraded
     ]
+    assert sep_chain(fe, Endpoint("10.244.2.20", 8443)) not in m.table("ipv4", "nat").chains
     # IPv6 has no cluster CIDR: no pod short circuit, like the nftables backend
     v6 = specs(m, ext_chain(fe), "ipv6")
     assert not any(r.startswith("-s ") for r in v6) and len(v6) == 4
+    assert v6[2] == f"-p tcp {c} {addrtype} -m tcp -j DNAT --to-destination [fd00:244:2::20]:8443"
     services = specs(m, SERVICES)
     assert f"-d 172.30.1.50/32 -p tcp {c} -m tcp --dport 443 -j {ext_chain(fe)}" in services
     # the LB IP with source ranges goes through the firewall chain; the rest is dropped in filter
@@ -146,6 +153,33 @@ def test_affinity_uses_recent_per_endpoint():
         f"{c} -j {b}",
     ]
     assert specs(m, a)[-1] == f"-p tcp {c} -m recent --set --name {a} {mask} -m tcp -j DNAT --to-destination 10.244.1.31:8080"
+
+
+def test_sep_chains_only_for_hairpin_and_affinity_endpoints():
+    objs = [service("aff", "10.96.0.10", HTTP, sessionAffinity="ClientIP"),
+            endpoint_slice("aff", [endpoint("10.244.2.1", node="node-b"), endpoint("10.244.1.1")]),
+            service("udp", "10.96.0.11", [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]),
+            endpoint_slice("udp", [endpoint("10.244.2.2", node="node-b"), endpoint("10.244.1.2")],
+                           port=5353, port_name="dns", protocol="UDP")]
+    d = build(objs)
+    m = render(d)
+    aff, udp = d.by_id()["default/aff:http/TCP"], d.by_id()["default/udp:dns/UDP"]
+    nat = m.table("ipv4", "nat").chains
+    seps = {n for n in nat if n.startswith("RECONCILER-SEP-")}
+    # affinity: every endpoint (the remote one only sets the recent entry); no affinity: only the hairpin one
+    assert seps == {sep_chain(aff, Endpoint("10.244.2.1", 8080)), sep_chain(aff, Endpoint("10.244.1.1", 8080)),
+                    sep_chain(udp, Endpoint("10.244.1.2", 5353))}
+    remote = sep_chain(aff, Endpoint("10.244.2.1", 8080))
+    assert specs(m, remote) == [f"-p tcp {C(aff.id)} -m recent --set --name {remote} --mask 255.255.255.255 "
+                                "--rsource -m tcp -j DNAT --to-destination 10.244.2.1:8080"]
+    assert specs(m, svc_chain(udp))[1:] == [
+        f"{C(udp.id)} -m statistic --mode random --probability 0.50000000000 "
+        f"-j {sep_chain(udp, Endpoint('10.244.1.2', 5353))}",
+        f"-p udp {C(udp.id)} -m udp -j DNAT --to-destination 10.244.2.2:5353",
+    ]
+    assert service_view(m)[udp.id]["endpoints"] == ["10.244.1.2:5353", "10.244.2.2:5353"]
+    nft = NftablesBackend()
+    assert service_view(m) == nft.service_view(nft.render(d))
 
 
 def test_skeleton_and_jumps():
@@ -223,7 +257,8 @@ def test_probability_cascade(n):
 # --------------------------------------------------------------------------- minimal diffs
 
 
-def many_services(changed: bool = False, n: int = 40):
+def many_services(changed: bool = False, n: int = 40, node: str = "node-b"):
+    """Endpoints on node-b are remote (DNATed inline); on node-a (this node) they are hairpin (SEP chains)."""
     objs = []
     for i in range(n):
         name = f"svc{i:02d}"
@@ -231,7 +266,7 @@ def many_services(changed: bool = False, n: int = 40):
         ips = [f"10.244.{i}.{j + 1}" for j in range(3)]
         if changed and i == 17:
             ips[1] = "10.244.99.99"
-        objs.append(endpoint_slice(name, [endpoint(ip, node="node-b") for ip in ips]))
+        objs.append(endpoint_slice(name, [endpoint(ip, node=node) for ip in ips]))
     return build(objs, service_cidrs=("10.96.0.0/16",))
 
 
@@ -241,18 +276,34 @@ def test_one_changed_endpoint_rewrites_only_that_service():
     ops = diff(new, old)
     sid = "default/svc17:http/TCP"
     assert {op.service for op in ops} == {sid}
-    touched = {op.name.split()[-1] for op in ops}
-    d = many_services(changed=True)
-    s = d.by_id()[sid]
-    gone, added = sep_chain(s, Endpoint("10.244.17.2", 8080)), sep_chain(s, Endpoint("10.244.99.99", 8080))
-    assert touched == {svc_chain(s), ext_chain(s), gone, added}
-    # SVC: redeclare + masquerade + 3 endpoints; EXT: redeclare + mark + 3; new SEP: declare + DNAT;
-    # old SEP: flush + delete
-    assert len(ops) == 5 + 5 + 2 + 2
-    assert [op.text for op in ops if op.action == "-"] == [f"-X {gone}"]
+    s = many_services(changed=True).by_id()[sid]
+    assert {op.name.split()[-1] for op in ops} == {svc_chain(s), ext_chain(s)}
+    # SVC: redeclare + masquerade + 3 endpoints; EXT: redeclare + mark + 3; no chain created or deleted
+    assert len(ops) == 5 + 5
+    assert not [op for op in ops if op.action == "-"]
     assert all(o.name.startswith("iptables nat ") for o in ops)
+    # the new endpoint sorts last: the unconditional end of the cascade
+    assert (f"-A {svc_chain(s)} -p tcp {C(sid)} -m tcp -j DNAT --to-destination 10.244.99.99:8080"
+            in [op.text for op in ops])
+
+
+def test_one_changed_hairpin_endpoint_replaces_its_sep_chain_after_the_rewrite():
+    old, new = render(many_services(node="node-a")), render(many_services(changed=True, node="node-a"))
+    ops = diff(new, old)
+    sid = "default/svc17:http/TCP"
+    assert {op.service for op in ops} == {sid}
+    s = many_services(changed=True, node="node-a").by_id()[sid]
+    gone, added = sep_chain(s, Endpoint("10.244.17.2", 8080)), sep_chain(s, Endpoint("10.244.99.99", 8080))
+    assert {op.name.split()[-1] for op in ops} == {svc_chain(s), ext_chain(s), gone, added}
+    # SVC + EXT as above; new SEP: declare + hairpin masquerade + DNAT; old SEP: flush + delete
+    assert len(ops) == 5 + 5 + 3 + 2
+    assert [op.text for op in ops if op.action == "-"] == [f"-X {gone}"]
     text = restore_inputs(ops)["iptables"]
     assert text.startswith("*nat\n") and text.rstrip().endswith(f"-X {gone}\nCOMMIT")
+    lines = text.splitlines()
+    # the old chain is flushed, the SVC/EXT chains that jumped to it rewritten, and only then is it deleted
+    assert lines.index(f":{gone} - [0:0]") < lines.index(f"-X {gone}")
+    assert max(i for i, line in enumerate(lines) if line.startswith("-A ")) < lines.index(f"-X {gone}")
 
 
 def test_removed_service_and_verdict_change_touch_shared_chains():
@@ -262,8 +313,7 @@ def test_removed_service_and_verdict_change_touch_shared_chains():
     ops = diff(render(fewer), old)
     s = d.by_id()["default/svc03:http/TCP"]
     deleted = {op.text for op in ops if op.action == "-"}
-    assert deleted == {f"-X {svc_chain(s)}", f"-X {ext_chain(s)}"} | {
-        f"-X {sep_chain(s, Endpoint(f'10.244.3.{j}', 8080))}" for j in (1, 2, 3)}
+    assert deleted == {f"-X {svc_chain(s)}", f"-X {ext_chain(s)}"}  # remote endpoints have no SEP chains
     rewritten = {op.name.split()[-1] for op in ops if op.kind == "chain" and op.action == "~" and op.text.startswith(":")}
     assert {SERVICES, NODEPORTS} <= rewritten  # shared dispatch chains lose its rules
     assert diff(old, old) == []
@@ -407,7 +457,7 @@ def test_backend_interface_and_model_dict():
         IptablesBackend(flavour="bogus")
 
 
-RECORDED_SAVE = r"""# Generated by iptables-nft-save v1.8.9 (nf_tables) on Sun Nov 29 13:50:28 2026
+RECORDED_SAVE = r"""# Generated by iptables-nft-save v1.8.9 (nf_tables) on Sun Nov 29 14:29:29 2026
 *filter
 :INPUT ACCEPT [0:0]
 :FORWARD ACCEPT [0:0]
@@ -430,8 +480,8 @@ RECORDED_SAVE = r"""# Generated by iptables-nft-save v1.8.9 (nf_tables) on Sun N
 -A RECONCILER-FILTER -j RECONCILER-ENDPOINTS-CHECK
 -A RECONCILER-FIREWALL -d 172.30.1.10/32 -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp --dport 443 -j DROP
 COMMIT
-# Completed on Sun Nov 29 13:50:28 2026
-# Generated by iptables-nft-save v1.8.9 (nf_tables) on Sun Nov 29 13:50:28 2026
+# Completed on Sun Nov 29 14:29:29 2026
+# Generated by iptables-nft-save v1.8.9 (nf_tables) on Sun Nov 29 14:29:29 2026
 *nat
 :PREROUTING ACCEPT [0:0]
 :INPUT ACCEPT [0:0]
@@ -444,16 +494,11 @@ COMMIT
 :RECONCILER-MARK-MASQ - [0:0]
 :RECONCILER-NODEPORTS - [0:0]
 :RECONCILER-POSTROUTING - [0:0]
-:RECONCILER-SEP-7NOLGZOOZSQ3B - [0:0]
 :RECONCILER-SEP-CSFVUMPCY4P2I - [0:0]
-:RECONCILER-SEP-IIOOBXFXG326X - [0:0]
 :RECONCILER-SEP-JFN6BS5IC4XZD - [0:0]
 :RECONCILER-SEP-LAK2HJHCY5WZK - [0:0]
 :RECONCILER-SEP-LE34NP4PQFRZ6 - [0:0]
-:RECONCILER-SEP-S3Q4AKWAN3CHQ - [0:0]
 :RECONCILER-SEP-UWUX6W6NP5UVU - [0:0]
-:RECONCILER-SEP-XBHJA2DQLVFSB - [0:0]
-:RECONCILER-SEP-XKAKNV3LLWDDK - [0:0]
 :RECONCILER-SEP-Y55YNKWFOFFQG - [0:0]
 :RECONCILER-SERVICES - [0:0]
 :RECONCILER-SVC-35H3VJFRPKQ2M - [0:0]
@@ -466,15 +511,15 @@ COMMIT
 -A OUTPUT -m comment --comment "service-reconciler service portals" -j RECONCILER-SERVICES
 -A POSTROUTING -m comment --comment "service-reconciler masquerading" -j RECONCILER-POSTROUTING
 -A RECONCILER-EXT-35H3VJFRPKQ2M -s 10.244.0.0/16 -m comment --comment "shop/frontend:https/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-UWUX6W6NP5UVU
--A RECONCILER-EXT-35H3VJFRPKQ2M -s 10.244.0.0/16 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-SEP-7NOLGZOOZSQ3B
+-A RECONCILER-EXT-35H3VJFRPKQ2M -s 10.244.0.0/16 -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination 10.244.2.20:8443
 -A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -j RECONCILER-MARK-MASQ
 -A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-UWUX6W6NP5UVU
--A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -j RECONCILER-SEP-7NOLGZOOZSQ3B
+-A RECONCILER-EXT-35H3VJFRPKQ2M -p tcp -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -m tcp -j DNAT --to-destination 10.244.2.20:8443
 -A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-SEP-UWUX6W6NP5UVU
 -A RECONCILER-EXT-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-EXT-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -m statistic --mode random --probability 0.33333333349 -j RECONCILER-SEP-JFN6BS5IC4XZD
--A RECONCILER-EXT-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-XKAKNV3LLWDDK
--A RECONCILER-EXT-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -j RECONCILER-SEP-S3Q4AKWAN3CHQ
+-A RECONCILER-EXT-PK5WNJDG7QFFB -p tcp -m comment --comment "default/web:http/TCP" -m statistic --mode random --probability 0.50000000000 -m tcp -j DNAT --to-destination 10.244.2.7:8080
+-A RECONCILER-EXT-PK5WNJDG7QFFB -p tcp -m comment --comment "default/web:http/TCP" -m tcp -j DNAT --to-destination 10.244.3.4:8080
 -A RECONCILER-FW-35H3VJFRPKQ2M -s 172.30.0.0/24 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-EXT-35H3VJFRPKQ2M
 -A RECONCILER-FW-35H3VJFRPKQ2M -s 198.51.100.0/24 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-EXT-35H3VJFRPKQ2M
 -A RECONCILER-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
@@ -483,21 +528,16 @@ COMMIT
 -A RECONCILER-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
 -A RECONCILER-POSTROUTING -j MARK --set-xmark 0x4000/0x0
 -A RECONCILER-POSTROUTING -j MASQUERADE --random-fully
--A RECONCILER-SEP-7NOLGZOOZSQ3B -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination 10.244.2.20:8443
 -A RECONCILER-SEP-CSFVUMPCY4P2I -s 10.244.1.31/32 -m comment --comment "shop/cart:http/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-CSFVUMPCY4P2I -p tcp -m comment --comment "shop/cart:http/TCP" -m recent --set --name RECONCILER-SEP-CSFVUMPCY4P2I --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.244.1.31:8080
--A RECONCILER-SEP-IIOOBXFXG326X -p udp -m comment --comment "kube-system/kube-dns:dns/UDP" -m udp -j DNAT --to-destination 10.244.2.2:53
 -A RECONCILER-SEP-JFN6BS5IC4XZD -s 10.244.1.5/32 -m comment --comment "default/web:http/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-JFN6BS5IC4XZD -p tcp -m comment --comment "default/web:http/TCP" -m tcp -j DNAT --to-destination 10.244.1.5:8080
 -A RECONCILER-SEP-LAK2HJHCY5WZK -s 10.244.1.32/32 -m comment --comment "shop/cart:http/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-LAK2HJHCY5WZK -p tcp -m comment --comment "shop/cart:http/TCP" -m recent --set --name RECONCILER-SEP-LAK2HJHCY5WZK --mask 255.255.255.255 --rsource -m tcp -j DNAT --to-destination 10.244.1.32:8080
 -A RECONCILER-SEP-LE34NP4PQFRZ6 -s 10.244.1.2/32 -m comment --comment "kube-system/kube-dns:dns/UDP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-LE34NP4PQFRZ6 -p udp -m comment --comment "kube-system/kube-dns:dns/UDP" -m udp -j DNAT --to-destination 10.244.1.2:53
--A RECONCILER-SEP-S3Q4AKWAN3CHQ -p tcp -m comment --comment "default/web:http/TCP" -m tcp -j DNAT --to-destination 10.244.3.4:8080
 -A RECONCILER-SEP-UWUX6W6NP5UVU -s 10.244.1.20/32 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-UWUX6W6NP5UVU -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination 10.244.1.20:8443
--A RECONCILER-SEP-XBHJA2DQLVFSB -p tcp -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -m tcp -j DNAT --to-destination 10.244.2.2:53
--A RECONCILER-SEP-XKAKNV3LLWDDK -p tcp -m comment --comment "default/web:http/TCP" -m tcp -j DNAT --to-destination 10.244.2.7:8080
 -A RECONCILER-SEP-Y55YNKWFOFFQG -s 10.244.1.2/32 -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-Y55YNKWFOFFQG -p tcp -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -m tcp -j DNAT --to-destination 10.244.1.2:53
 -A RECONCILER-SERVICES -d 10.96.10.20/32 -p tcp -m comment --comment "default/web:http/TCP" -m tcp --dport 80 -j RECONCILER-SVC-PK5WNJDG7QFFB
@@ -510,25 +550,25 @@ COMMIT
 -A RECONCILER-SERVICES ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j RECONCILER-NODEPORTS
 -A RECONCILER-SVC-35H3VJFRPKQ2M ! -s 10.244.0.0/16 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SVC-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-UWUX6W6NP5UVU
--A RECONCILER-SVC-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-SEP-7NOLGZOOZSQ3B
+-A RECONCILER-SVC-35H3VJFRPKQ2M -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination 10.244.2.20:8443
 -A RECONCILER-SVC-PK5WNJDG7QFFB ! -s 10.244.0.0/16 -m comment --comment "default/web:http/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SVC-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -m statistic --mode random --probability 0.33333333349 -j RECONCILER-SEP-JFN6BS5IC4XZD
--A RECONCILER-SVC-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-XKAKNV3LLWDDK
--A RECONCILER-SVC-PK5WNJDG7QFFB -m comment --comment "default/web:http/TCP" -j RECONCILER-SEP-S3Q4AKWAN3CHQ
+-A RECONCILER-SVC-PK5WNJDG7QFFB -p tcp -m comment --comment "default/web:http/TCP" -m statistic --mode random --probability 0.50000000000 -m tcp -j DNAT --to-destination 10.244.2.7:8080
+-A RECONCILER-SVC-PK5WNJDG7QFFB -p tcp -m comment --comment "default/web:http/TCP" -m tcp -j DNAT --to-destination 10.244.3.4:8080
 -A RECONCILER-SVC-R32OLB4X65WJ2 ! -s 10.244.0.0/16 -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SVC-R32OLB4X65WJ2 -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-Y55YNKWFOFFQG
--A RECONCILER-SVC-R32OLB4X65WJ2 -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -j RECONCILER-SEP-XBHJA2DQLVFSB
+-A RECONCILER-SVC-R32OLB4X65WJ2 -p tcp -m comment --comment "kube-system/kube-dns:dns-tcp/TCP" -m tcp -j DNAT --to-destination 10.244.2.2:53
 -A RECONCILER-SVC-WCH7PXWOE4XNM ! -s 10.244.0.0/16 -m comment --comment "kube-system/kube-dns:dns/UDP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SVC-WCH7PXWOE4XNM -m comment --comment "kube-system/kube-dns:dns/UDP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-LE34NP4PQFRZ6
--A RECONCILER-SVC-WCH7PXWOE4XNM -m comment --comment "kube-system/kube-dns:dns/UDP" -j RECONCILER-SEP-IIOOBXFXG326X
+-A RECONCILER-SVC-WCH7PXWOE4XNM -p udp -m comment --comment "kube-system/kube-dns:dns/UDP" -m udp -j DNAT --to-destination 10.244.2.2:53
 -A RECONCILER-SVC-ZMRO3S6EELJCK ! -s 10.244.0.0/16 -m comment --comment "shop/cart:http/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SVC-ZMRO3S6EELJCK -m comment --comment "shop/cart:http/TCP" -m recent --rcheck --seconds 600 --reap --name RECONCILER-SEP-CSFVUMPCY4P2I --mask 255.255.255.255 --rsource -j RECONCILER-SEP-CSFVUMPCY4P2I
 -A RECONCILER-SVC-ZMRO3S6EELJCK -m comment --comment "shop/cart:http/TCP" -m recent --rcheck --seconds 600 --reap --name RECONCILER-SEP-LAK2HJHCY5WZK --mask 255.255.255.255 --rsource -j RECONCILER-SEP-LAK2HJHCY5WZK
 -A RECONCILER-SVC-ZMRO3S6EELJCK -m comment --comment "shop/cart:http/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-CSFVUMPCY4P2I
 -A RECONCILER-SVC-ZMRO3S6EELJCK -m comment --comment "shop/cart:http/TCP" -j RECONCILER-SEP-LAK2HJHCY5WZK
 COMMIT
-# Completed on Sun Nov 29 13:50:28 2026
-# Generated by ip6tables-nft-save v1.8.9 (nf_tables) on Sun Nov 29 13:50:28 2026
+# Completed on Sun Nov 29 14:29:29 2026
+# Generated by ip6tables-nft-save v1.8.9 (nf_tables) on Sun Nov 29 14:29:29 2026
 *nat
 :PREROUTING ACCEPT [0:0]
 :INPUT ACCEPT [0:0]
@@ -539,7 +579,6 @@ COMMIT
 :RECONCILER-MARK-MASQ - [0:0]
 :RECONCILER-NODEPORTS - [0:0]
 :RECONCILER-POSTROUTING - [0:0]
-:RECONCILER-SEP-TRGKRZ6IT7BBI - [0:0]
 :RECONCILER-SEP-UMIPCQNHJJPPV - [0:0]
 :RECONCILER-SERVICES - [0:0]
 :RECONCILER-SVC-35H3VJFRPKQ2M - [0:0]
@@ -548,7 +587,7 @@ COMMIT
 -A POSTROUTING -m comment --comment "service-reconciler masquerading" -j RECONCILER-POSTROUTING
 -A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -j RECONCILER-MARK-MASQ
 -A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-UMIPCQNHJJPPV
--A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -j RECONCILER-SEP-TRGKRZ6IT7BBI
+-A RECONCILER-EXT-35H3VJFRPKQ2M -p tcp -m comment --comment "shop/frontend:https/TCP" -m addrtype --src-type LOCAL -m tcp -j DNAT --to-destination [fd00:244:2::20]:8443
 -A RECONCILER-EXT-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-SEP-UMIPCQNHJJPPV
 -A RECONCILER-FW-35H3VJFRPKQ2M -s fd00:30::/64 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-EXT-35H3VJFRPKQ2M
 -A RECONCILER-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
@@ -556,14 +595,13 @@ COMMIT
 -A RECONCILER-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
 -A RECONCILER-POSTROUTING -j MARK --set-xmark 0x4000/0x0
 -A RECONCILER-POSTROUTING -j MASQUERADE --random-fully
--A RECONCILER-SEP-TRGKRZ6IT7BBI -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination [fd00:244:2::20]:8443
 -A RECONCILER-SEP-UMIPCQNHJJPPV -s fd00:244:1::20/128 -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-MARK-MASQ
 -A RECONCILER-SEP-UMIPCQNHJJPPV -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination [fd00:244:1::20]:8443
 -A RECONCILER-SERVICES -d fd00:96::20:30/128 -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp --dport 443 -j RECONCILER-SVC-35H3VJFRPKQ2M
 -A RECONCILER-SERVICES -d fd00:31::10/128 -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp --dport 443 -g RECONCILER-FW-35H3VJFRPKQ2M
 -A RECONCILER-SERVICES ! -d ::1/128 -m addrtype --dst-type LOCAL -j RECONCILER-NODEPORTS
 -A RECONCILER-SVC-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -m statistic --mode random --probability 0.50000000000 -j RECONCILER-SEP-UMIPCQNHJJPPV
--A RECONCILER-SVC-35H3VJFRPKQ2M -m comment --comment "shop/frontend:https/TCP" -j RECONCILER-SEP-TRGKRZ6IT7BBI
+-A RECONCILER-SVC-35H3VJFRPKQ2M -p tcp -m comment --comment "shop/frontend:https/TCP" -m tcp -j DNAT --to-destination [fd00:244:2::20]:8443
 COMMIT
-# Completed on Sun Nov 29 13:50:28 2026
+# Completed on Sun Nov 29 14:29:29 2026
 """

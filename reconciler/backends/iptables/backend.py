@@ -14,8 +14,8 @@ from ..base import Operation
 from . import kernel
 from .diff import diff, restore_inputs, rule_owner, script
 from .render import (
-    COMMANDS, ENDPOINTS_CHECK, NODEPORTS, SEP_PREFIX, SERVICES, TABLES, IptablesModel, TableState, is_builtin,
-    is_ours, render,
+    COMMANDS, ENDPOINTS_CHECK, NODEPORTS, SERVICES, TABLES, IptablesModel, TableState, is_builtin, is_ours,
+    is_service_chain, render,
 )
 from .save import Rule, parse_save
 
@@ -132,9 +132,9 @@ def service_view(model: IptablesModel) -> dict[str, dict[str, Any]]:
             if sid and addr and r.target in ("REJECT", "DROP"):
                 entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
         for name, rules in nat.chains.items():
-            if not name.startswith(SEP_PREFIX):
+            if not is_service_chain(name):
                 continue
-            for r in rules:
+            for r in rules:  # DNATs inline in SVC/EXT, and in SEP chains for hairpin / affinity endpoints
                 ep, sid = _value(r.args, "--to-destination"), rule_owner(r)
                 if ep and sid and r.target == "DNAT":
                     entry(sid)["endpoints"].add(ep)

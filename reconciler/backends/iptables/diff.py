@@ -1,8 +1,9 @@
 """IptablesModel (desired) vs IptablesModel (observed) -> the minimal `iptables-restore --noflush` lines.
 
 Chains are compared one by one (argument for argument, as iptables-save prints them), so a change to
-one service port rewrites only the chains that changed: its own SVC/EXT/SEP chains, and a shared chain
-only when an address of it comes or goes. Per table, the restore input is ordered
+one service port rewrites only the chains that changed: its own SVC/EXT chains (and SEP chains, which
+only hairpin and affinity endpoints have), and a shared chain only when an address of it comes or goes.
+Per table, the restore input is ordered
 
     :CHAIN - [0:0]     create or flush every chain that is (re)written or deleted
     -A CHAIN ...       the full contents of (re)written chains

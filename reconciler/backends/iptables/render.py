@@ -8,11 +8,16 @@ nat table
                           DNATed, then the jump to RECONCILER-NODEPORTS for local destinations
   RECONCILER-NODEPORTS    one rule per nodePort that is DNATed
   RECONCILER-SVC-<hash>   ClusterIP traffic of one service port: masquerade non-pod sources, then
-                          pick an endpoint (`-m recent` affinity, `-m statistic` cascade)
+                          pick an endpoint (`-m recent` affinity, `-m statistic` cascade that DNATs
+                          directly, or jumps to the endpoint's SEP chain when it has one)
   RECONCILER-EXT-<hash>   external traffic (nodePort, externalIPs, LB IPs) of one service port
   RECONCILER-FW-<hash>    LB IP traffic from loadBalancerSourceRanges -> EXT; the rest falls through
                           un-DNATed (entered with -g) and is dropped by RECONCILER-FIREWALL
-  RECONCILER-SEP-<hash>   one endpoint of one service port: hairpin masquerade, affinity, DNAT
+  RECONCILER-SEP-<hash>   one endpoint of one service port, ONLY when something must happen once that
+                          endpoint is chosen: hairpin masquerade (the endpoint is in hairpinEndpoints)
+                          and/or the affinity `-m recent --set`; then the DNAT. Every other endpoint is
+                          DNATed inline in SVC/EXT, which keeps the chain count near the number of
+                          service ports (iptables-nft slows down steeply with the number of chains).
   RECONCILER-MARK-MASQ    sets the masquerade mark 0x4000
   RECONCILER-NON-POD-MASQ only with several cluster CIDRs: marks sources outside all of them
   RECONCILER-POSTROUTING  hooked from POSTROUTING: masquerades marked packets
@@ -313,39 +318,57 @@ class _Builder:
         """Rules (argument tuples) that pick one of `eps`: sticky per client with affinity, then at random.
 
         `match` restricts them: IP header fields (`-s X`) go before the comment, match modules after it,
-        which is the order iptables-save prints.
+        which is the order iptables-save prints. A picked endpoint is DNATed right there, or jumped to
+        through its SEP chain when it has per-endpoint work (see _sep).
         """
-        sid = sp.id
+        sid, proto = sp.id, sp.protocol.lower()
         head = match if match[:1] in (("-s",), ("!",)) else ()
         mods = match[len(head):]
         rules: list[Args] = []
-        chains = [self._sep(sp, blk, ep) for ep in eps]
+        seps = [self._sep(sp, blk, ep) for ep in eps]
         if sp.affinityTimeoutSeconds is not None:
-            for sep in chains:
+            for sep in seps:
+                assert sep is not None  # with affinity every endpoint has its SEP chain
                 rules.append((*head, *_comment(sid), *mods, "-m", "recent", "--rcheck", "--seconds",
                               str(sp.affinityTimeoutSeconds), "--reap", "--name", sep, "--mask", self.fam.mask,
                               "--rsource", "-j", sep))
-        n = len(chains)
-        for i, sep in enumerate(chains):
+        n = len(eps)
+        for i, (ep, sep) in enumerate(zip(eps, seps)):
             stat: tuple[str, ...] = ()
             if i < n - 1:
                 stat = ("-m", "statistic", "--mode", "random", "--probability", format_probability(1.0 / (n - i)))
-            rules.append((*head, *_comment(sid), *mods, *stat, "-j", sep))
+            if sep is not None:
+                rules.append((*head, *_comment(sid), *mods, *stat, "-j", sep))
+            else:
+                rules.append((*head, "-p", proto, *_comment(sid), *mods, *stat, *self._dnat(proto, ep)))
         return rules
 
-    def _sep(self, sp: ServicePort, blk: ServicePortFamily, ep: Endpoint) -> str:
+    def _dnat(self, proto: str, ep: Endpoint) -> Args:
+        """`-m <proto> -j DNAT --to-destination IP:PORT` (the rule also needs `-p <proto>` in its header)."""
+        return ("-m", proto, "-j", "DNAT", "--to-destination", self.fam.endpoint(ep))
+
+    def _sep(self, sp: ServicePort, blk: ServicePortFamily, ep: Endpoint) -> str | None:
+        """The endpoint's SEP chain, or None when it needs none (the cascade then DNATs inline).
+
+        A SEP chain is kept only for work that must happen after the endpoint was chosen: hairpin
+        masquerade (`-s <endpoint>` would otherwise also match when another endpoint is picked) and
+        the affinity `-m recent --set`.
+        """
+        hairpin = ep in blk.hairpinEndpoints
+        affinity = sp.affinityTimeoutSeconds is not None
+        if not hairpin and not affinity:
+            return None
         name = sep_chain(sp, ep)
         if name in self.nat:
             return name
         sid, proto = sp.id, sp.protocol.lower()
         rules: list[Args] = []
-        if ep in blk.hairpinEndpoints:
+        if hairpin:
             rules.append(("-s", self.fam.host(ep.ip), *_comment(sid), "-j", MARK_MASQ))
         recent: tuple[str, ...] = ()
-        if sp.affinityTimeoutSeconds is not None:
+        if affinity:
             recent = ("-m", "recent", "--set", "--name", name, "--mask", self.fam.mask, "--rsource")
-        rules.append(("-p", proto, *_comment(sid), *recent, "-m", proto, "-j", "DNAT", "--to-destination",
-                      self.fam.endpoint(ep)))
+        rules.append(("-p", proto, *_comment(sid), *recent, *self._dnat(proto, ep)))
         self.nat[name] = rules
         return name
 
