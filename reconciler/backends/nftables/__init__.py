@@ -1,1 +1,2 @@
-"""nftables backend: tables `ip reconciler` and `ip6 reconciler`, one chain per service port."""
+"""nftables backend: per family a `reconciler` table (shared checks, masquerading) and sixteen DNAT
+shard tables `reconciler-NN`, one chain per service port."""
