@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any, Sequence
 
@@ -22,7 +23,8 @@ EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 DESCRIPTION = """\
 Reconcile Kubernetes Services and EndpointSlices into kernel load-balancing state (kube-proxy's job).
 
-Exit codes: 0 success (plan: the kernel already matches), 1 error, 2 (plan only) changes pending.
+Exit codes: 0 success (plan: the kernel already matches), 1 error (bad input or usage, a kernel
+tool failed), 2 (plan only) changes pending.
 """
 
 
@@ -46,11 +48,19 @@ def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, 
         p.add_argument("-o", "--output", choices=output, default=output[0], help=f"output format (default {output[0]})")
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 1: exit code 2 is reserved for `plan`'s "changes pending"."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reconciler", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="reconciler", description=DESCRIPTION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"service-reconciler {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     p = sub.add_parser("validate", help="check the manifests: schema and semantics, file:line:column errors")
     _common(p)
     p = sub.add_parser("render", help="print the canonical desired-state document")
@@ -61,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, output=("text", "json"))
     p = sub.add_parser("observe", help="print what the kernel holds now (our objects only), in our model")
     _common(p, source=False, output=("yaml", "json"))
-    p = sub.add_parser("cleanup", help="remove every kernel object this tool owns, nothing else")
+    p = sub.add_parser("cleanup", help="remove every kernel object this tool owns (both modes unless --mode), "
+                                        "nothing else")
     _common(p, source=False)
     p = sub.add_parser("run", help="reconcile continuously from a directory or the Kubernetes API")
     _common(p, source=False)
@@ -109,7 +120,16 @@ def _dump(data: Any, fmt: str) -> None:
         y.dump(data, sys.stdout)
 
 
+def _sbin_on_path() -> None:
+    """Kernel tools live in /usr/sbin; a root shell from plain `su` may not have it on PATH."""
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    missing = [d for d in ("/usr/local/sbin", "/usr/sbin", "/sbin") if d not in parts]
+    if missing:
+        os.environ["PATH"] = os.pathsep.join([p for p in parts if p] + missing)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _sbin_on_path()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(message)s", stream=sys.stderr)
@@ -145,9 +165,13 @@ def _dispatch(args: argparse.Namespace) -> int:
         _dump(backend.model_to_dict(backend.observe()), args.output)
         return EXIT_OK
     if args.command == "cleanup":
-        ops = backend.cleanup()
-        backend.apply(ops)
-        print(f"cleanup: removed {len(ops)} object(s) owned by service-reconciler ({opts.mode})")
+        modes = [args.mode] if args.mode else list(MODES)
+        for mode in modes:
+            b = backend if mode == opts.mode else get_backend(mode)
+            ops = b.cleanup()
+            b.apply(ops)
+            print(f"cleanup ({mode}): " + (f"{len(ops)} operations removed what service-reconciler owned"
+                                           if ops else "nothing of ours to remove"))
         return EXIT_OK
     desired = load_desired(args.source, opts)
     planned = make_plan(backend, desired)

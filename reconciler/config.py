@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 from dataclasses import dataclass, field, replace
@@ -13,6 +14,8 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from .desired import BuildOptions
 from .sources.objects import InputError, Location
+
+log = logging.getLogger(__name__)
 
 MODES = ("nftables", "iptables")
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
@@ -110,12 +113,17 @@ def load_kube_proxy_config(path: str) -> dict[str, Any]:
     try:
         if doc.get("clusterCIDR"):
             out["cluster_cidrs"] = parse_cidrs(str(doc["clusterCIDR"]), "clusterCIDR")
+    except ValueError as exc:
+        raise InputError(where("clusterCIDR"), str(exc), ("clusterCIDR",)) from None
+    try:
         npa = doc.get("nodePortAddresses")
         if npa:
             cidrs = [c for c in npa if c != "primary"]
+            if len(cidrs) < len(npa):
+                log.warning("%s: nodePortAddresses 'primary' is read as every local address", where("nodePortAddresses"))
             out["nodeport_cidrs"] = parse_cidrs(cidrs, "nodePortAddresses") if cidrs else None
     except ValueError as exc:
-        raise InputError(where("clusterCIDR"), str(exc)) from None
+        raise InputError(where("nodePortAddresses"), str(exc), ("nodePortAddresses",)) from None
     if doc.get("hostnameOverride"):
         out["node_name"] = str(doc["hostnameOverride"]).strip().lower()
     mode_section = doc.get(out.get("mode", "nftables")) or {}

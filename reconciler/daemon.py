@@ -5,11 +5,12 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
 * source events only mark the state dirty; syncs are coalesced: at most one per
   min-sync-period, and at least one full resync per sync-period;
 * a normal sync is incremental: the plan is made against the model left by the last
-  successful apply (no kernel read), then applied (one atomic transaction, verified);
+  successful apply (no kernel read), then applied atomically, without reading the kernel back;
 * the periodic full resync re-reads the kernel; operations found although the kernel should
   still be as we left it are drift: logged ("repaired drift: N operations"), counted, repaired;
-* invalid input never removes what is programmed: the last good DesiredState is kept, the
-  errors are logged with file:line and counted, /healthz says degraded;
+* invalid input never removes what is programmed: from a directory the last good DesiredState
+  is kept whole, from the API invalid objects are skipped one by one (as kube-proxy does); the
+  errors are logged with their place and counted, /healthz says degraded;
 * kernel errors are logged and counted; the next sync (at the latest one sync-period later) is
   a full one;
 * SIGTERM/SIGINT: the current transaction finishes, the kernel state stays, exit 0.

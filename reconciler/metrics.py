@@ -1,8 +1,7 @@
 """Prometheus metrics for `reconciler run` (own CollectorRegistry, never the global one).
 
 Names follow kube-proxy (pkg/proxy/metrics) where they mean the same thing; ours start with
-`reconciler_`. One sync programs both IP families in one transaction, so the sync metrics carry
-no ip_family label.
+`reconciler_`. One sync programs both IP families, so the sync metrics carry no ip_family label.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ class Operation:
 
     action: Action
     kind: str  # table, chain, rule, set, map, element
-    name: str  # the object, e.g. "ip reconciler chain svc-default/web/http/tcp"
+    name: str  # the object, e.g. "ip reconciler-07 chain svc-default/web/http/tcp"
     text: str
     service: str | None = None  # the service port it belongs to, when there is one
 
@@ -46,10 +46,12 @@ class Backend(Protocol):
         """Minimal ordered operations turning `observed` into `desired`."""
 
     def apply(self, operations: list[Operation]) -> None:
-        """Execute operations as one atomic transaction (raises on failure, kernel unchanged)."""
+        """Execute operations atomically: one `nft -f` transaction; for iptables one restore per
+        family whose tables each commit atomically. Raises on failure."""
 
-    def service_view(self, model: Any) -> dict[str, dict[str, Any]]:
-        """Per service port: its addresses and endpoints as a model shows them (for people)."""
+    def service_view(self, model: Any, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Per service port (or just those in `only`): its addresses and endpoints as a model
+        shows them (for people)."""
 
     def cleanup(self) -> list[Operation]:
         """Operations removing every kernel object this tool owns (and nothing else)."""

@@ -62,9 +62,9 @@ ADDR: dict[str, dict[int, str]] = {
     "pod3": {4: "10.244.2.10", 6: "fd00:244:2::10"},
 }
 LAN_CIDR: dict[int, str] = {4: "172.30.0.0/24", 6: "fd00:30::/64"}
-SERVICE_CIDR: dict[int, str] = {4: "10.96.0.0/16", 6: "fd00:96::/112"}
+SERVICE_CIDR: dict[int, str] = {4: "10.96.0.0/16", 6: "fd00:96::/64"}
 EXTERNAL_CIDR: dict[int, str] = {4: "172.30.1.0/24", 6: "fd00:31::/64"}
-CLUSTER_CIDR: dict[int, str] = {4: "10.244.0.0/16", 6: "fd00:244::/48"}
+CLUSTER_CIDR: dict[int, str] = {4: "10.244.0.0/16", 6: "fd00:244::/32"}
 POD_CIDR: dict[str, dict[int, str]] = {
     "node": {4: "10.244.1.0/24", 6: "fd00:244:1::/64"},
     "node2": {4: "10.244.2.0/24", 6: "fd00:244:2::/64"},

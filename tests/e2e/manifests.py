@@ -72,4 +72,4 @@ def reconciler(lab: Lab, *args: str, check: bool = True) -> subprocess.Completed
 
 def common_flags(source: str, mode: str = "nftables", extra: Sequence[str] = ()) -> list[str]:
     return ["--source", source, "--mode", mode, "--node-name", "node-a",
-            "--cluster-cidr", "10.244.0.0/16,fd00:244::/48", *extra]
+            "--cluster-cidr", "10.244.0.0/16,fd00:244::/32", *extra]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from manifests import common_flags, eps, reconciler, svc, write_state
@@ -54,11 +56,12 @@ def test_apply_and_cleanup_leave_foreign_objects(lab, tmp_path):
         reconciler(lab, "apply", *common_flags(src))
         assert foreign_listing(lab) == before
         tables = lab.exec("node", ["nft", "list", "tables"]).stdout
-        assert "table ip reconciler" in tables
+        assert "table ip reconciler\n" in tables and re.search(r"table ip reconciler-\d\d\n", tables)
         reconciler(lab, "cleanup", "--mode", "nftables")
         reconciler(lab, "cleanup", "--mode", "nftables")  # twice is fine
-        tables = lab.exec("node", ["nft", "list", "tables"]).stdout
-        assert "table ip reconciler\n" not in tables + "\n" and "ip6 reconciler\n" not in tables + "\n"
+        tables = lab.exec("node", ["nft", "list", "tables"]).stdout.splitlines()
+        ours = [t for t in tables if re.fullmatch(r"table ip6? reconciler(-\d\d)?", t.strip())]
+        assert ours == [], ours
         assert foreign_listing(lab) == before
         observed = reconciler(lab, "observe", "--mode", "nftables", "-o", "json")
         assert '"tables": {}' in observed.stdout

@@ -72,7 +72,7 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
     ]
 
 
-EXTRA = ["--service-cidr", "10.96.0.0/16,fd00:96::/112"]
+EXTRA = ["--service-cidr", "10.96.0.0/16,fd00:96::/64"]
 
 
 @pytest.fixture(scope="module", params=["nftables", "iptables"])

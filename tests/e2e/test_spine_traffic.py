@@ -62,6 +62,9 @@ def test_clusterip_udp_and_ipv6(lab, applied):
     assert outcomes(res) == {"ok": 40} and set(servers(res)) == ALL
     res6 = lab.tcp("pod1", WEB[1], 80, count=40)
     assert outcomes(res6) == {"ok": 40} and set(servers(res6)) == ALL
+    # a pod's IPv6 source is kept (it is inside the IPv6 cluster CIDR), except when it hairpins
+    assert {r.seen_ip for r in res6 if r.server != "pod1"} == {ADDR["pod1"][6]}
+    assert all(r.seen_ip != ADDR["pod1"][6] for r in res6 if r.server == "pod1")
 
 
 def test_pod_source_kept_and_hairpin_masqueraded(lab, applied):

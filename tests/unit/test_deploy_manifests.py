@@ -59,9 +59,7 @@ RUN_FLAGS = {
 EXPECTED_RBAC = {
     ("", "services", frozenset({"list", "watch"})),
     ("discovery.k8s.io", "endpointslices", frozenset({"list", "watch"})),
-    ("", "nodes", frozenset({"get", "list", "watch"})),
-    ("", "events", frozenset({"create", "patch"})),
-    ("events.k8s.io", "events", frozenset({"create", "patch"})),
+    ("", "nodes", frozenset({"list", "watch"})),
 }
 
 # Not Kubernetes API objects: no OpenAPI schema exists for them.

@@ -605,3 +605,23 @@ COMMIT
 COMMIT
 # Completed on Sun Nov 29 14:29:29 2026
 """
+
+
+def test_model_matches_its_schema() -> None:
+    import json as _json
+    import os as _os
+
+    import jsonschema
+
+    from reconciler.backends.iptables.backend import IptablesBackend
+    from reconciler.desired import BuildOptions as _BO, build_desired_state as _build
+    from reconciler.sources.manifests import load_directory as _load
+
+    root = _os.path.dirname(_os.path.dirname(_os.path.dirname(_os.path.abspath(__file__))))
+    with open(_os.path.join(root, "schemas", "iptables-model.schema.json")) as fh:
+        schema = _json.load(fh)
+    state = _build(_load(_os.path.join(root, "state")).objects, _BO("node-a", ("10.244.0.0/16", "fd00:244::/32")))
+    backend = IptablesBackend(flavour="nft")
+    doc = backend.model_to_dict(backend.render(state))
+    jsonschema.validate(doc, schema)
+    assert doc["ipv4"]["nat"]["chains"] and doc["ipv6"]["nat"]["chains"]

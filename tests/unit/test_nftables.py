@@ -22,7 +22,7 @@ DATA = os.path.join(REPO, "tests", "data", "nftables")
 
 
 def example_state():
-    opts = BuildOptions("node-a", ("10.244.0.0/16", "fd00:244::/48"), ("10.96.0.0/16", "fd00:96::/112"))
+    opts = BuildOptions("node-a", ("10.244.0.0/16", "fd00:244::/32"), ("10.96.0.0/16", "fd00:96::/64"))
     return build_desired_state(load_directory(STATE_DIR).objects, opts)
 
 

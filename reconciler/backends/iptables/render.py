@@ -1,7 +1,7 @@
 """DesiredState -> iptables model. A plain renderer: every decision is already in the document.
 
-Layout per IP family (iptables for ipv4, ip6tables for ipv6), mirroring the nftables renderer rule for
-rule; every name starts with ``RECONCILER-`` and fits the 28-character limit:
+Layout per IP family (iptables for ipv4, ip6tables for ipv6), making the same decisions as the nftables
+renderer (the mechanics differ where iptables must, e.g. source ranges); every name starts with ``RECONCILER-`` and fits the 28-character limit:
 
 nat table
   RECONCILER-SERVICES     hooked from PREROUTING and OUTPUT; one rule per (address, port) that is

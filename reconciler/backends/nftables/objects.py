@@ -118,7 +118,7 @@ class Table:
 
 @dataclass(frozen=True)
 class Ruleset:
-    """The tables this tool owns, keyed by 'ip reconciler' / 'ip6 reconciler'."""
+    """The tables this tool owns, keyed by their reference: 'ip reconciler', 'ip reconciler-07', …"""
 
     tables: dict[str, Table] = field(default_factory=dict)
 
