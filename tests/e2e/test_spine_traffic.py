@@ -86,6 +86,12 @@ def test_nodeport_from_external_client_is_masqueraded(lab, applied, family):
     assert outcomes(udp) == {"ok": 20}
 
 
+@pytest.mark.parametrize("client", ["pod1", "node"])
+def test_nodeport_from_a_pod_and_from_the_node(lab, applied, client):
+    res = lab.tcp(client, ADDR["node"][4], 30080, count=30)
+    assert outcomes(res) == {"ok": 30} and set(servers(res)) == ALL
+
+
 @pytest.mark.parametrize("address", ["172.30.1.50", "172.30.1.10"])
 def test_external_ip_and_load_balancer_ip(lab, applied, address):
     res = lab.tcp("ext1", address, 80, count=40)
