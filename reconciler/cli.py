@@ -13,7 +13,7 @@ from . import __version__
 from .backends import get_backend
 from .backends.base import KernelError
 from .config import MODES, Options, load_kube_proxy_config, merge, parse_cidrs, parse_duration
-from .reconcile import apply, load_desired, make_plan
+from .reconcile import apply, load_desired, plan_against_kernel
 from .sources.objects import InputError, InputErrors
 
 log = logging.getLogger("reconciler")
@@ -173,8 +173,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"cleanup ({mode}): " + (f"{len(ops)} operations removed what service-reconciler owned"
                                            if ops else "nothing of ours to remove"))
         return EXIT_OK
-    desired = load_desired(args.source, opts)
-    planned = make_plan(backend, desired)
+    planned = plan_against_kernel(backend, args.source, opts)
     if args.command == "plan":
         print(planned.plan.to_json() if args.output == "json" else planned.plan.to_text())
         return EXIT_OK if planned.plan.empty else EXIT_CHANGES

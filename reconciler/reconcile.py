@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,19 @@ from .sources.manifests import load_directory
 from .state import DesiredState
 
 log = logging.getLogger(__name__)
+
+
+def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
+    """Read the kernel while the manifests load (the `nft`/`iptables-save` children run on another
+    core), then plan: the one-shot commands' path."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        observed = pool.submit(backend.observe)
+        try:
+            desired = load_desired(source, options)
+        except BaseException:
+            observed.cancel()
+            raise
+        return make_plan(backend, desired, observed.result(), other_mode=True)
 
 
 def load_desired(source: str, options: Options) -> DesiredState:
@@ -38,17 +52,18 @@ class Planned:
     other_mode_cleanup: list[Operation] = field(default_factory=list)
 
 
-def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None) -> Planned:
+def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
+              other_mode: bool | None = None) -> Planned:
     """Diff the rendered desired model against the kernel (observed now unless given).
 
-    A full plan (observed_model None) also removes what the other mode left behind, so switching
-    `--mode` leaves only one mode's objects.
+    A full plan (by default when the kernel is observed here) also removes what the other mode
+    left behind, so switching `--mode` leaves only one mode's objects.
     """
     want = backend.render(desired)
     have = backend.observe() if observed_model is None else observed_model
     ops: list[Operation] = backend.diff(want, have)
     other: list[Operation] = []
-    if observed_model is None:
+    if other_mode if other_mode is not None else observed_model is None:
         other = other_mode_leftovers(backend.mode)
     plan = Plan(backend.mode, desired.node.name, operations=ops + other)
     touched = touched_services(ops)
@@ -99,4 +114,4 @@ def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
     if remaining:
         raise KernelError(f"kernel did not converge: {len(remaining)} operations still pending, first: "
                           f"{remaining[0].text}")
-    return after
+    return planned.desired_model  # equal to what was read back; one copy in memory is enough
