@@ -19,19 +19,6 @@ from .state import DesiredState
 log = logging.getLogger(__name__)
 
 
-def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
-    """Read the kernel while the manifests load (the `nft`/`iptables-save` children run on another
-    core), then plan: the one-shot commands' path."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        observed = pool.submit(backend.observe)
-        try:
-            desired = load_desired(source, options)
-        except BaseException:
-            observed.cancel()
-            raise
-        return make_plan(backend, desired, observed.result(), other_mode=True)
-
-
 def load_desired(source: str, options: Options) -> DesiredState:
     """Read a manifest directory into the canonical document (raises InputError(s))."""
     loaded = load_directory(source)
@@ -72,6 +59,19 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
     return Planned(plan, want, have, other)
 
 
+def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
+    """Read the kernel while the manifests load (the `nft`/`iptables-save` children run on another
+    core), then plan: the one-shot commands' path."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        observed = pool.submit(backend.observe)
+        try:
+            desired = load_desired(source, options)
+        except BaseException:
+            observed.cancel()
+            raise
+        return make_plan(backend, desired, observed.result(), other_mode=True)
+
+
 def touched_services(ops: list[Operation]) -> set[str]:
     return {op.service for op in ops if op.service}
 
@@ -89,11 +89,12 @@ def other_mode_leftovers(mode: str) -> list[Operation]:
 
 
 def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
-    """Run the plan as one transaction and verify: re-observed, the kernel must need no change.
+    """Run the plan atomically, clear stale UDP conntrack entries, remove the other mode's
+    leftovers, then verify: re-observed, the kernel must need no change.
 
-    Returns the observed model after apply. With verify=False (the run loop's incremental syncs,
-    whose periodic full resync re-reads the kernel) the kernel is not read back: the transaction
-    is atomic, so on success the kernel holds the desired model.
+    Returns the model the kernel now holds (the desired one). With verify=False (the run loop's
+    incremental syncs, whose periodic full resync re-reads the kernel) nothing is read back: the
+    transaction is atomic, so on success the kernel holds the desired model.
     """
     ops = planned.plan.operations
     own = ops[:len(ops) - len(planned.other_mode_cleanup)]
