@@ -26,9 +26,8 @@ import math
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Protocol
 
 from .backends.base import KernelError
 from .config import Options

@@ -22,14 +22,3 @@ def lab() -> Iterator[Lab]:
     with Lab() as the_lab:
         the_lab.start_pod_servers()
         yield the_lab
-
-
-@pytest.fixture
-def fresh_lab() -> Iterator[Lab]:
-    """A function-scoped Lab (same servers) for tests that leave state behind."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
-    with Lab() as the_lab:
-        the_lab.start_pod_servers()
-        yield the_lab
