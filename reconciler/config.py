@@ -38,14 +38,6 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def format_duration(seconds: float) -> str:
-    if seconds < 1 and seconds > 0:
-        return f"{round(seconds * 1000)}ms"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{int(seconds // 60)}m"
-    return f"{seconds:g}s"
-
-
 def parse_cidrs(text: str | list[str], what: str) -> tuple[str, ...]:
     items = text if isinstance(text, list) else [p for p in text.split(",")]
     out = []

@@ -191,7 +191,6 @@ class Daemon:
         self.desired: DesiredState | None = None  # last good desired state
         self.applied_desired: DesiredState | None = None
         self.applied_model: Any = None  # the kernel model after the last successful apply
-        self._objects: dict[Key, Any] = {}
         self._build_cache = BuildCache()  # unchanged Services are not rebuilt
         self._triggers: dict[Key, str] = {}  # trigger times of slices changed since the last applied sync
         self._input = _InputState()

@@ -124,7 +124,3 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
         for v in sorted(added.get(key, [])):
             lines.append(f"+ {_NOUNS[key]} {v}")
     return tuple(lines)
-
-
-def shared_operation_count(ops: list[Operation]) -> int:
-    return sum(1 for o in ops if o.service is None)

@@ -107,11 +107,6 @@ class ServicePort:
     def id(self) -> str:
         return service_port_id(self.namespace, self.name, self.portName, self.port, self.protocol)
 
-    @property
-    def display(self) -> str:
-        """`default/web:http` — how people name a service port."""
-        return f"{self.namespace}/{self.name}:{self.portName or self.port}"
-
     def family(self, fam: Family) -> ServicePortFamily | None:
         for f in self.families:
             if f.family == fam:

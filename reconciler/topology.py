@@ -34,12 +34,6 @@ class Categorized:
     local: tuple[EndpointInfo, ...]
     has_any: bool
 
-    @property
-    def all_reachable(self) -> tuple[EndpointInfo, ...]:
-        seen = dict.fromkeys(self.cluster)
-        seen.update(dict.fromkeys(self.local))
-        return tuple(seen)
-
 
 def topology_mode(endpoints: Iterable[EndpointInfo], node_name: str, zone: str | None) -> str | None:
     """'node' or 'zone' when hints may be used, else None.

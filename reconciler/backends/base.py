@@ -27,10 +27,6 @@ class Operation:
         return d
 
 
-class KernelModel(Protocol):
-    def to_dict(self) -> dict[str, Any]: ...
-
-
 class Backend(Protocol):
     """A kernel load-balancing backend (nftables, iptables, ...)."""
 

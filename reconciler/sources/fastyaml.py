@@ -46,10 +46,6 @@ def _plain(value: str) -> Any:
     return value
 
 
-def available() -> bool:
-    return CParser is not None
-
-
 def load_all(text: str) -> list[Any]:
     """All documents of `text` as plain Python data (raises Unsupported, or a ruamel error)."""
     if CParser is None:

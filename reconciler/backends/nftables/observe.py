@@ -9,10 +9,11 @@ from typing import Any
 from . import kernel
 from .expr import Unsupported, element, rule_text, verdict_or_value
 from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
+from .render import SHARDS, shard_table_name
 
 
 def table_names() -> list[str]:
-    from .render import SHARDS, shard_table_name
+    """Our tables' names: the main one and the DNAT shards."""
     return [TABLE] + [shard_table_name(n) for n in range(SHARDS)]
 
 
