@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from . import __version__
+from . import __version__, gcpolicy
 from .backends import get_backend
 from .backends.base import KernelError
 from .config import MODES, Options, load_kube_proxy_config, merge, parse_cidrs, parse_duration
@@ -153,6 +153,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from .daemon import run
         return run(args, opts)
+    gcpolicy.one_shot()
     backend = get_backend(opts.mode)
     if args.command == "validate":
         desired = load_desired(args.source, opts)

@@ -29,6 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+from . import gcpolicy
 from .backends.base import KernelError
 from .config import Options
 from .desired import BuildCache, build_desired_state
@@ -354,6 +355,12 @@ class Daemon:
     # -- syncing -----------------------------------------------------------------------------
 
     def sync(self, kind: str) -> SyncReport:
+        with gcpolicy.paused():
+            report = self._sync(kind)
+        gcpolicy.after_sync(report.kind == "full")
+        return report
+
+    def _sync(self, kind: str) -> SyncReport:
         start = self.clock.monotonic()
         with self._lock:
             was_dirty, self._dirty = self._dirty, False
