@@ -300,6 +300,9 @@ class Daemon:
         self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
         self._triggers.update(trigger_times(cache.last_added))
         self.desired = desired
+        release = getattr(self.source, "release_bodies", None)
+        if release is not None:
+            release()  # the build cache has all it needs from them
 
     def _build(self, objects: list[SourceObject]) -> tuple[DesiredState | None, list[InputError], list[str]]:
         """Build the desired state; from the API, objects named by errors are dropped and the
@@ -399,7 +402,9 @@ class Daemon:
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model)
             ops = planned.plan.operations
             drift = self._drift(full, desired, planned)
-            after = apply(self.backend, planned, verify=full) if ops else planned.observed_model
+            # nothing to do: the kernel equals the desired model; keep that one (the renderer's
+            # objects, which the next diff recognises by identity), not a second, observed copy
+            after = apply(self.backend, planned, verify=full) if ops else planned.desired_model
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
             return self._failed(kind, start, exc, quiet=not full)
         seconds = self.clock.monotonic() - start

@@ -56,6 +56,18 @@ class SourceObject:
     def key(self) -> tuple[str, str, str]:
         return (self.kind, self.namespace, self.name)
 
+    def release_body(self) -> None:
+        """Keep only apiVersion, kind and metadata name/namespace of the body.
+
+        For a source that keeps its objects only so the builder can recognise them by identity
+        (a watched directory): once built, the rest of the body is never read again, and at 10k
+        Services it is most of the process's memory.
+        """
+        meta = self.body.get("metadata")
+        keep = {k: meta[k] for k in ("name", "namespace") if k in meta} if isinstance(meta, dict) else {}
+        object.__setattr__(self, "body", {"apiVersion": self.body.get("apiVersion"), "kind": self.kind,
+                                          "metadata": keep})
+
     def where(self, path: Path = ()) -> Location:
         if self.locate is None:
             return self.location

@@ -75,6 +75,7 @@ class DirectorySource:
         self._first = True
         self._files: list[str] | None = None  # manifest files as of the last snapshot, sorted
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
+        self._unreleased: list[SourceObject] = []  # read since the last release_bodies()
         self.failures = 0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -101,6 +102,15 @@ class DirectorySource:
                     if o.kind == "Node" and o.name == name:
                         return dict(o.body)
         return None
+
+    def release_bodies(self) -> None:
+        """The caller has built every object of the last snapshot (desired.BuildCache keeps what
+        it parsed, keyed by object identity): drop the bodies of the Services and EndpointSlices
+        read since the last call. O(objects read since then). Node bodies stay (see node())."""
+        released, self._unreleased = self._unreleased, []
+        for obj in released:
+            if obj.kind != "Node":
+                obj.release_body()
 
     # -- watching ------------------------------------------------------------------------
 
@@ -202,6 +212,7 @@ class DirectorySource:
             new = _Entry(sig)
             try:
                 new.result = load_file(path)
+                self._unreleased += new.result.objects
             except InputError as exc:
                 new.error = exc
             reread.append(path)

@@ -28,7 +28,7 @@ def observe() -> Ruleset:
         return None if doc is None else parse_table(doc, *ref)
 
     wanted = [(family, name) for family in FAMILIES.values() for name in table_names()]
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with ThreadPoolExecutor(max_workers=3) as pool:
         tables = {t.ref: t for t in pool.map(read, wanted) if t is not None}
     return Ruleset(dict(sorted(tables.items())))
 
