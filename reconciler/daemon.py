@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 from . import gcpolicy
 from .backends.base import KernelError
@@ -158,6 +158,21 @@ class SyncReport:
     error: str | None = None
 
 
+class _PendingChanges:
+    """What a change-reporting source added and removed since the last successful build."""
+
+    def __init__(self) -> None:
+        self.added: dict[int, SourceObject] = {}
+        self.removed: dict[int, SourceObject] = {}
+
+    def add(self, added: Iterable[SourceObject], removed: Iterable[SourceObject]) -> None:
+        for obj in removed:
+            if self.added.pop(id(obj), None) is None:  # added and gone again: never built
+                self.removed[id(obj)] = obj
+        for obj in added:
+            self.added[id(obj)] = obj
+
+
 @dataclass
 class _InputState:
     errors: tuple[str, ...] = ()
@@ -193,6 +208,7 @@ class Daemon:
         self.applied_desired: DesiredState | None = None
         self.applied_model: Any = None  # the kernel model after the last successful apply
         self._build_cache = BuildCache()  # unchanged Services are not rebuilt
+        self._pending = _PendingChanges()  # source changes no build has taken in yet
         self._triggers: dict[Key, str] = {}  # trigger times of slices changed since the last applied sync
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
@@ -266,7 +282,7 @@ class Daemon:
     def _refresh_desired(self) -> None:
         assert self.source is not None
         try:
-            snap = self.source.snapshot()
+            snap = self._snapshot()
         except Exception as exc:  # noqa: BLE001 - a source failure is an input problem, never a wipe
             log.exception("reading the source failed")
             self._input_failed([f"source: {exc}"])
@@ -276,12 +292,11 @@ class Daemon:
         if snap.reread or snap.removed:
             log.debug("re-read %s; dropped %s", ", ".join(snap.reread) or "nothing",
                       ", ".join(snap.removed) or "nothing", extra=_fields(reread=snap.reread, removed=snap.removed))
-        objects = snap.objects
         errors: list[InputError] = list(snap.errors)
         desired = None
         excluded: list[str] = []
         if not errors:
-            desired, errors, excluded = self._build(objects)
+            desired, errors, excluded = self._build(snap)
         if errors and desired is None:
             self._input_failed([str(e) for e in errors])
             return
@@ -304,10 +319,28 @@ class Daemon:
         if release is not None:
             release()  # the build cache has all it needs from them
 
-    def _build(self, objects: list[SourceObject]) -> tuple[DesiredState | None, list[InputError], list[str]]:
+    def _snapshot(self) -> Snapshot:
+        """The source's content. A source that reports its changes (a directory) is asked for just
+        those; they wait in self._pending until a build takes them in."""
+        assert self.source is not None
+        if getattr(self.source, "deltas", False):
+            snap = self.source.snapshot(objects=False)  # type: ignore[call-arg]
+            self._pending.add(snap.added_objects or (), snap.removed_objects or ())
+            return snap
+        return self.source.snapshot()
+
+    def _build(self, snap: Snapshot) -> tuple[DesiredState | None, list[InputError], list[str]]:
         """Build the desired state; from the API, objects named by errors are dropped and the
         build retried, from a directory any error rejects the whole input."""
         opts = self.opts.build_options()
+        if getattr(self.source, "deltas", False):
+            try:
+                desired = self._build_cache.update(self._pending.added.values(), self._pending.removed.values(), opts)
+            except (InputErrors, InputError) as exc:
+                return None, exc.errors if isinstance(exc, InputErrors) else [exc], []
+            self._pending = _PendingChanges()
+            return desired, [], []
+        objects = snap.objects
         excluded: list[str] = []
         all_errors: list[InputError] = []
         current = list(objects)

@@ -447,11 +447,29 @@ class BuildCache:
         self.last_removed: list[SourceObject] = []
 
     def build(self, objects: Iterable[SourceObject], opts: BuildOptions) -> DesiredState:
+        """The DesiredState of exactly `objects` (diffed by identity against the last build)."""
         new = {id(o): o for o in objects}
         if opts != self.options:
             self.__init__()  # type: ignore[misc]
         added = [new[i] for i in new.keys() - self.objects.keys()]
         removed = [self.objects[i] for i in self.objects.keys() - new.keys()]
+        return self._build(added, removed, opts, new)
+
+    def update(self, added: Iterable[SourceObject], removed: Iterable[SourceObject],
+               opts: BuildOptions) -> DesiredState:
+        """Like build(), from what was added and removed since the last successful build (a
+        source that knows its changes): no pass over the unchanged objects at all."""
+        added = [o for o in added if id(o) not in self.objects]
+        removed = [o for o in removed if id(o) in self.objects]
+        if opts != self.options and self.options is not None:
+            gone = {id(o) for o in removed}
+            return self.build([o for i, o in self.objects.items() if i not in gone] + added, opts)
+        return self._build(added, removed, opts, None)
+
+    def _build(self, added: list[SourceObject], removed: list[SourceObject], opts: BuildOptions,
+               objects: dict[int, SourceObject] | None) -> DesiredState:
+        """Parse `added`, drop `removed`, rebuild the Services they touch, then commit (objects:
+        the new id -> object map, or None to apply the delta to the current one)."""
         added.sort(key=lambda o: (o.kind, o.namespace, o.name))
 
         # 1. parse what is new (nothing is changed yet: errors leave the memory intact)
@@ -459,7 +477,8 @@ class BuildCache:
         errors: list[InputError] = []
         parsed: dict[int, tuple[Any, tuple[str, ...]]] = {}
         node_obj = self.node_obj
-        if node_obj is not None and id(node_obj) not in new:
+        if node_obj is not None and (id(node_obj) not in objects if objects is not None else
+                                     any(o is node_obj for o in removed)):
             node_obj = None
         for obj in added:
             try:
@@ -523,7 +542,12 @@ class BuildCache:
         nodeports = self._check_nodeports(results)
 
         self.options, self.node_obj, self.node = opts, node_obj, node
-        self.objects = new
+        if objects is not None:
+            self.objects = objects
+        else:
+            for obj in removed:
+                del self.objects[id(obj)]
+            self.objects.update((id(o), o) for o in added)
         self.last_added, self.last_removed = added, removed
         for obj in removed:
             self.parsed.pop(id(obj), None)

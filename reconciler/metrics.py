@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .sources.objects import SourceObject
-from .state import DesiredState
+from .state import DesiredState, PortChanges
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
-        self._nle_cache: dict[str, tuple[Any, int, int]] = {}
+        self._nle_changes = PortChanges()
         self._nle_totals = [0, 0]
         r = self.registry
         self.sync_duration = Histogram(
@@ -102,27 +102,14 @@ class Metrics:
             self.kernel_operations.labels(names.get(op.action, str(op.action))).inc()
 
     def set_no_local_endpoints(self, desired: DesiredState) -> None:
-        """Gauges per traffic policy; service ports that are the same objects as last time are not
-        looked at again, so the cost follows the changes."""
-        cache = self._nle_cache
-        seen = {}
+        """Gauges per traffic policy, updated from the service ports that changed since the last
+        call (by identity, see state.PortChanges): the cost follows the changes."""
+        gone, new = self._nle_changes.update(desired.services)
         totals = self._nle_totals
-        for sp in desired.services:
-            hit = cache.get(sp.id)
-            if hit is not None and hit[0] is sp:
-                seen[sp.id] = hit
-                continue
-            if hit is not None:
-                totals[0] -= hit[1]
-                totals[1] -= hit[2]
-            entry = (sp, _no_local(sp, "internal"), _no_local(sp, "external"))
-            totals[0] += entry[1]
-            totals[1] += entry[2]
-            seen[sp.id] = entry
-        for sid in cache.keys() - seen.keys():
-            totals[0] -= cache[sid][1]
-            totals[1] -= cache[sid][2]
-        self._nle_cache = seen
+        for sign, ports in ((-1, gone), (1, new)):
+            for sp in ports:
+                totals[0] += sign * _no_local(sp, "internal")
+                totals[1] += sign * _no_local(sp, "external")
         self.no_local_endpoints.labels("internal").set(totals[0])
         self.no_local_endpoints.labels("external").set(totals[1])
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
@@ -135,6 +136,30 @@ class ServicePort:
     def digest(self) -> str:
         """Content hash: equal digests mean identical rendering for this service port."""
         return hashlib.blake2b(json.dumps(self.to_dict(), sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+class PortChanges:
+    """Which service ports changed between one DesiredState and the next, by identity.
+
+    desired.BuildCache hands unchanged service ports back as the very same objects, so a port
+    that is not the same object is new or changed. `update` costs O(changes) in Python (plus one
+    C-level pass over the tuple): the run loop's renderers and gauges use it to follow the changes.
+    """
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, ServicePort] = {}
+
+    def update(self, services: tuple[ServicePort, ...]) -> tuple[list[ServicePort], list[ServicePort]]:
+        """(ports gone or replaced, ports new or replacing) since the last update, sorted by id."""
+        old_by_id = self._by_id
+        new_by_id = dict(zip(map(id, services), services))
+        gone = old_by_id.keys() - new_by_id.keys()
+        added = new_by_id.keys() - old_by_id.keys()
+        self._by_id = new_by_id
+        by_port_id = operator.attrgetter("id")
+        return (sorted((old_by_id[i] for i in gone), key=by_port_id),
+                list(services) if len(added) == len(services) else
+                sorted((new_by_id[i] for i in added), key=by_port_id))
 
 
 def service_port_id(namespace: str, name: str, port_name: str, port: int, protocol: str) -> str:

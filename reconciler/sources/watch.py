@@ -33,7 +33,7 @@ class _Entry:
 class Snapshot:
     """The directory's content: objects and warnings of the readable files, every error
     (syntax errors per file, then duplicates). `changed` is False when nothing was re-read
-    or dropped since the previous snapshot."""
+    or dropped since the previous snapshot; added_objects/removed_objects say what changed."""
 
     objects: list[SourceObject] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -41,6 +41,9 @@ class Snapshot:
     changed: bool = True
     reread: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    # what changed since the previous snapshot (None when the source cannot tell)
+    added_objects: list[SourceObject] | None = None
+    removed_objects: list[SourceObject] | None = None
 
 
 def _signature(path: str) -> Signature | None:
@@ -59,6 +62,7 @@ class DirectorySource:
     """Manifests under `root`, kept current by a watchfiles thread."""
 
     kind = "directory"
+    deltas = True  # snapshot(objects=False) + added_objects/removed_objects: O(changes)
 
     def __init__(self, root: str, on_change: Callable[[], None] | None = None, *,
                  debounce_ms: int = 50, step_ms: int = 10, force_polling: bool | None = None) -> None:
@@ -76,6 +80,8 @@ class DirectorySource:
         self._files: list[str] | None = None  # manifest files as of the last snapshot, sorted
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
         self._unreleased: list[SourceObject] = []  # read since the last release_bodies()
+        self._errors: dict[str, InputError] = {}  # per file, kept current as files are re-read
+        self._warnings: dict[str, list[str]] = {}
         self.failures = 0
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -167,8 +173,10 @@ class DirectorySource:
                     return False
         return True
 
-    def snapshot(self) -> Snapshot:
-        """Bring the cache up to date (re-reading only added/modified files) and return it all.
+    def snapshot(self, objects: bool = True) -> Snapshot:
+        """Bring the cache up to date (re-reading only added/modified files) and return it all
+        (with objects=False, all but the full object list: the changes are in added_objects and
+        removed_objects).
 
         When the watcher named only manifest files, only those are checked: the cost follows the
         change, not the tree. Otherwise (start, periodic resync, directories) the tree is walked.
@@ -189,7 +197,7 @@ class DirectorySource:
             except InputError as exc:  # the directory itself is gone: an input error, not "empty"
                 self._first = True  # whatever comes back next is a change
                 self._files = None
-                return Snapshot(errors=[exc], changed=True)
+                return Snapshot(errors=[exc], changed=True, added_objects=[], removed_objects=[])
             check = None
         self._files = files
         current = set(files) if check is None else None
@@ -220,25 +228,43 @@ class DirectorySource:
                 self._cache[path] = new
         changed = bool(reread or removed) or self._first
         self._first = False
-        snap = Snapshot(changed=changed, reread=reread, removed=removed)
+        snap = Snapshot(changed=changed, reread=reread, removed=removed, added_objects=[], removed_objects=[])
         with self._lock:
-            for path in files:
+            for path, old in old_entries.items():
+                if old is not None and old.result is not None:
+                    snap.removed_objects += old.result.objects  # type: ignore[operator]
+                self._errors.pop(path, None)
+                self._warnings.pop(path, None)
                 e = self._cache.get(path)
                 if e is None:
                     continue
                 if e.error is not None:
-                    snap.errors.append(e.error)
+                    self._errors[path] = e.error
                 elif e.result is not None:
-                    snap.objects.extend(e.result.objects)
-                    snap.warnings.extend(e.result.warnings)
-        snap.errors.extend(self._duplicates(snap.objects, check, old_entries))
+                    snap.added_objects += e.result.objects  # type: ignore[operator]
+                    if e.result.warnings:
+                        self._warnings[path] = e.result.warnings
+            order = files if objects else sorted(set(self._errors) | set(self._warnings))
+            snap.errors = [self._errors[p] for p in order if p in self._errors]
+            snap.warnings = [w for p in order for w in self._warnings.get(p, ())]
+
+        def all_objects() -> list[SourceObject]:
+            with self._lock:
+                entries = [self._cache.get(path) for path in files]
+            return [o for e in entries if e is not None and e.error is None and e.result is not None
+                    for o in e.result.objects]
+
+        if objects:
+            snap.objects = all_objects()
+        snap.errors.extend(self._duplicates(all_objects, check, old_entries))
         return snap
 
-    def _duplicates(self, objects: list[SourceObject], check: set[str] | None,
+    def _duplicates(self, all_objects: Callable[[], list[SourceObject]], check: set[str] | None,
                     old_entries: dict[str, _Entry | None]) -> list[InputError]:
-        """duplicate_errors(objects), in O(changed files) when only some files changed."""
+        """duplicate_errors(all objects), in O(changed files) when only some files changed."""
         index = self._keys
         if check is None or index is None:
+            objects = all_objects()
             errors = duplicate_errors(objects)
             self._keys = None if errors else {(o.kind, o.namespace, o.name): o for o in objects}
             return errors
@@ -251,5 +277,5 @@ class DirectorySource:
             for o in (entry.result.objects if entry is not None and entry.result else ()):
                 if index.setdefault((o.kind, o.namespace, o.name), o) is not o:
                     self._keys = None
-                    return duplicate_errors(objects)
+                    return duplicate_errors(all_objects())
         return []

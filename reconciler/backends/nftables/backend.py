@@ -9,9 +9,9 @@ from ...state import DesiredState
 from ..base import Operation
 from . import kernel
 from .diff import diff, owner, script
-from .objects import Ruleset
+from .objects import TABLE, Ruleset
 from .observe import observe
-from .render import Renderer
+from .render import Renderer, shard_of, shard_table_name
 
 _SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodeports": "nodePort ",
                  "no-endpoint-nodeports": "nodePort "}
@@ -89,7 +89,11 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
     def entry(sid: str) -> dict[str, Any]:
         return view.setdefault(sid, {"addresses": set(), "endpoints": set()})
 
-    for table in model.tables.values():
+    tables = list(model.tables.values())
+    if only is not None:  # their shard tables and the main ones: O(len(only)), not O(services)
+        names = {TABLE} | {shard_table_name(shard_of(sid)) for sid in only}
+        tables = [t for t in tables if t.name in names]
+    for table in tables:
         for name, s in table.sets.items():
             if name not in _SERVICE_MAPS:
                 continue

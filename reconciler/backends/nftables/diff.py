@@ -42,7 +42,10 @@ def diff(desired: Ruleset, observed: Ruleset) -> list[Operation]:
     for ref in sorted(set(observed.tables) - set(desired.tables)):
         ops.append(Operation("-", "table", ref, f"delete table {ref}"))
     for ref in sorted(desired.tables):
-        ops += _diff_table(desired.tables[ref], observed.tables.get(ref))
+        want = desired.tables[ref]
+        have = observed.tables.get(ref)
+        if have is not want:  # the same object: the renderer did not touch it since it was applied
+            ops += _diff_table(want, have)
     return ops
 
 

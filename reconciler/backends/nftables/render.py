@@ -13,7 +13,9 @@ import hashlib
 import ipaddress
 from typing import Any, Iterable
 
-from ...state import DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath
+from ...state import (
+    DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath, PortChanges,
+)
 from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
 
 Elements = dict[str, tuple[str | None, str | None]]
@@ -135,11 +137,14 @@ class Renderer:
 
     def __init__(self) -> None:
         self._key: Any = None
+        self._changes = PortChanges()  # against what the last render rendered
         self._fragments: dict[str, tuple[ServicePort, int, dict[str, _Builder]]] = {}
         self._main: dict[str, _Builder] = {}
         self._shards: dict[str, list[_Builder]] = {}
         self._refs: dict[str, dict[str, dict[str, int]]] = {}
         self._count: dict[str, list[int]] = {}
+        self._tables: dict[str, Table] = {}  # the last render's tables, by ref
+        self._dirty: set[tuple[str, int | None]] = set()  # (family, shard or None for main)
 
     def render(self, desired: DesiredState) -> Ruleset:
         key = (desired.masqueradeAll, tuple(sorted(desired.families.items())))
@@ -153,23 +158,29 @@ class Renderer:
                 self._shards[family] = [_Builder(fam, opts, desired.masqueradeAll) for _ in range(SHARDS)]
                 self._refs[family] = {m: {} for m in _MAIN_MAPS}
                 self._count[family] = [0] * SHARDS
-        wanted = {sp.id: sp for sp in desired.services}
-        for sid in [sid for sid, (sp, _, _) in self._fragments.items() if wanted.get(sid) is not sp]:
-            self._remove(sid)
-        for sid, sp in wanted.items():
-            if sid not in self._fragments:
-                self._add(sp)
-        tables = {}
-        for family, counts in self._count.items():
-            if not any(counts):
-                continue
-            main = self._main[family].main_table()
-            tables[main.ref] = main
-            for n, count in enumerate(counts):
-                if count:
-                    t = self._shards[family][n].shard_table(n)
-                    tables[t.ref] = t
-        return Ruleset(tables)
+        gone, new = self._changes.update(desired.services)
+        for sp in gone:
+            self._remove(sp.id)
+        for sp in new:
+            self._add(sp)
+        # only tables whose content changed are built again: the others stay the same objects,
+        # which diff() skips without looking inside
+        for family, shard in sorted(self._dirty, key=lambda d: (d[0], -1 if d[1] is None else d[1])):
+            counts = self._count[family]
+            if shard is None:
+                table = self._main[family].main_table()
+                if any(counts):
+                    self._tables[table.ref] = table
+                else:
+                    self._tables.pop(table.ref, None)
+            else:
+                table = self._shards[family][shard].shard_table(shard)
+                if counts[shard]:
+                    self._tables[table.ref] = table
+                else:
+                    self._tables.pop(table.ref, None)
+        self._dirty.clear()
+        return Ruleset(dict(sorted(self._tables.items())))
 
     def _add(self, sp: ServicePort) -> None:
         n = shard_of(sp.id)
@@ -192,6 +203,7 @@ class Renderer:
                     for k in part:
                         counts[k] = counts.get(k, 0) + 1
             self._count[blk.family][n] += 1
+            self._dirty |= {(blk.family, n), (blk.family, None)}
         self._fragments[sp.id] = (sp, n, frags)
 
     def _remove(self, sid: str) -> None:
@@ -215,6 +227,7 @@ class Renderer:
                         del counts[k]
                         del elems[k]
             self._count[family][n] -= 1
+            self._dirty |= {(family, n), (family, None)}
 
 
 class _Builder:
