@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import ipaddress
 import logging
+import operator
 import socket
 from sys import intern
 from collections import defaultdict
@@ -422,6 +423,9 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
     return block, len({e.ip for e in cat.local if e.ready})
 
 
+_port_id = operator.attrgetter("id")
+
+
 class BuildCache:
     """A builder with memory (the run loop). Each build diffs the object list against the previous
     one by identity (sources hand back the same objects for unchanged input), parses only new
@@ -440,7 +444,8 @@ class BuildCache:
         self.node = NodeInfo("")
         self.results: dict[tuple[str, str], tuple[list[ServicePort], HealthCheck | None]] = {}
         self.ports: dict[str, ServicePort] = {}
-        self.sorted_ids: list[str] = []
+        self.sorted_ports: list[ServicePort] = []  # self.ports' values, by id
+        self.health: dict[tuple[str, str], HealthCheck] = {}
         self.nodeports: dict[tuple[str, int], str] = {}
         self.families: dict[Family, FamilyOptions] = {}
         self.last_added: list[SourceObject] = []  # what the last successful build saw change
@@ -564,12 +569,15 @@ class BuildCache:
         for key, result in results.items():
             for sp in self.results.pop(key, ([], None))[0]:
                 del self.ports[sp.id]
-                del self.sorted_ids[bisect.bisect_left(self.sorted_ids, sp.id)]
+                del self.sorted_ports[bisect.bisect_left(self.sorted_ports, sp.id, key=_port_id)]
+            self.health.pop(key, None)
             if result is not None:
                 self.results[key] = result
                 for sp in result[0]:
                     self.ports[sp.id] = sp
-                    bisect.insort(self.sorted_ids, sp.id)
+                    bisect.insort(self.sorted_ports, sp, key=_port_id)
+                if result[1] is not None:
+                    self.health[key] = result[1]
         cluster = _split_cidrs(opts.cluster_cidrs)
         service_cidrs = _split_cidrs(opts.service_cidrs)
         nodeport = _split_cidrs(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None
@@ -579,8 +587,8 @@ class BuildCache:
         }
         for w in self.warned.values():
             warnings.extend(w)
-        health = sorted((r[1] for r in self.results.values() if r[1] is not None), key=lambda h: h.service)
-        return DesiredState(node, opts.masquerade_all, families, tuple([self.ports[i] for i in self.sorted_ids]),
+        health = sorted(self.health.values(), key=lambda h: h.service)
+        return DesiredState(node, opts.masquerade_all, families, tuple(self.sorted_ports),
                             tuple(health), tuple(sorted(warnings)))
 
     def _check_nodeports(self, results: dict[tuple[str, str], Any]) -> dict[tuple[str, int], str]:

@@ -104,7 +104,7 @@ class Metrics:
     def set_no_local_endpoints(self, desired: DesiredState) -> None:
         """Gauges per traffic policy, updated from the service ports that changed since the last
         call (by identity, see state.PortChanges): the cost follows the changes."""
-        gone, new = self._nle_changes.update(desired.services)
+        gone, new = self._nle_changes.update(desired)
         totals = self._nle_totals
         for sign, ports in ((-1, gone), (1, new)):
             for sp in ports:

@@ -149,10 +149,11 @@ class PortChanges:
     def __init__(self) -> None:
         self._by_id: dict[int, ServicePort] = {}
 
-    def update(self, services: tuple[ServicePort, ...]) -> tuple[list[ServicePort], list[ServicePort]]:
+    def update(self, desired: DesiredState) -> tuple[list[ServicePort], list[ServicePort]]:
         """(ports gone or replaced, ports new or replacing) since the last update, sorted by id."""
         old_by_id = self._by_id
-        new_by_id = dict(zip(map(id, services), services))
+        new_by_id = desired.ports_by_identity
+        services = desired.services
         gone = old_by_id.keys() - new_by_id.keys()
         added = new_by_id.keys() - old_by_id.keys()
         self._by_id = new_by_id
@@ -216,6 +217,11 @@ class DesiredState:
 
     def by_id(self) -> dict[str, ServicePort]:
         return {s.id: s for s in self.services}
+
+    @cached_property
+    def ports_by_identity(self) -> dict[int, ServicePort]:
+        """id(port) -> port, made once per document (see PortChanges)."""
+        return dict(zip(map(id, self.services), self.services))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -158,7 +158,7 @@ class Renderer:
                 self._shards[family] = [_Builder(fam, opts, desired.masqueradeAll) for _ in range(SHARDS)]
                 self._refs[family] = {m: {} for m in _MAIN_MAPS}
                 self._count[family] = [0] * SHARDS
-        gone, new = self._changes.update(desired.services)
+        gone, new = self._changes.update(desired)
         for sp in gone:
             self._remove(sp.id)
         for sp in new:
