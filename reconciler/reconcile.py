@@ -35,7 +35,7 @@ OTHER_MODE = {"nftables": "iptables", "iptables": "nftables"}
 class Planned:
     plan: Plan
     desired_model: Any
-    observed_model: Any
+    observed_model: Any  # None once apply() has verified
     other_mode_cleanup: list[Operation] = field(default_factory=list)
 
 
@@ -92,9 +92,10 @@ def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
     """Run the plan atomically, clear stale UDP conntrack entries, remove the other mode's
     leftovers, then verify: re-observed, the kernel must need no change.
 
-    Returns the model the kernel now holds (the desired one). With verify=False (the run loop's
-    incremental syncs, whose periodic full resync re-reads the kernel) nothing is read back: the
-    transaction is atomic, so on success the kernel holds the desired model.
+    Returns the model the kernel now holds (the desired one). Verifying first drops
+    planned.observed_model: two read-backs of a big ruleset need not be alive at once. With
+    verify=False (the run loop's incremental syncs, whose periodic full resync re-reads the kernel)
+    nothing is read back: the transaction is atomic, so on success the kernel holds the desired model.
     """
     ops = planned.plan.operations
     own = ops[:len(ops) - len(planned.other_mode_cleanup)]
@@ -110,8 +111,8 @@ def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
     if not verify:
         return planned.desired_model
-    after = backend.observe()
-    remaining = backend.diff(planned.desired_model, after)
+    planned.observed_model = None  # not needed any more: let it go before the kernel is read again
+    remaining = backend.unconverged(planned.desired_model)
     if remaining:
         raise KernelError(f"kernel did not converge: {len(remaining)} operations still pending, first: "
                           f"{remaining[0].text}")

@@ -10,7 +10,7 @@ from ..state import DesiredState
 Action = Literal["+", "-", "~"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Operation:
     """One kernel operation: `text` is what the backend executes (one line of its batch format)."""
 
@@ -40,6 +40,9 @@ class Backend(Protocol):
 
     def diff(self, desired: Any, observed: Any) -> list[Operation]:
         """Minimal ordered operations turning `observed` into `desired`."""
+
+    def unconverged(self, desired: Any) -> list[Operation]:
+        """diff(desired, observe()): what the kernel still lacks (verification after apply)."""
 
     def apply(self, operations: list[Operation]) -> None:
         """Execute operations atomically: one `nft -f` transaction; for iptables one restore per

@@ -83,6 +83,9 @@ class FakeBackend:
                 ops.append(Operation("~", "service", sid, f"replace {sid} {want[sid]}", sid))
         return ops
 
+    def unconverged(self, want: dict[str, str]) -> list[Operation]:
+        return self.diff(want, self.observe())
+
     def apply(self, ops: list[Operation]) -> None:
         if self.fail is not None:
             raise self.fail

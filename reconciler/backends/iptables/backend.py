@@ -54,6 +54,9 @@ class IptablesBackend:
     def diff(self, desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
         return diff(desired, observed)
 
+    def unconverged(self, desired: IptablesModel) -> list[Operation]:
+        return diff(desired, self.observe())
+
     def apply(self, operations: list[Operation]) -> None:
         """One `<cmd>-restore --noflush` per family (iptables first), each table committed atomically."""
         self.last_restore_seconds = {}

@@ -10,7 +10,7 @@ from ..base import Operation
 from . import kernel
 from .diff import diff, owner, script
 from .objects import TABLE, Ruleset
-from .observe import observe
+from .observe import each_table, observe
 from .render import Renderer, shard_of, shard_table_name
 
 _SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodeports": "nodePort ",
@@ -33,6 +33,17 @@ class NftablesBackend:
 
     def diff(self, desired: Ruleset, observed: Ruleset) -> list[Operation]:
         return diff(desired, observed)
+
+    def unconverged(self, desired: Ruleset) -> list[Operation]:
+        """diff(desired, observe()), one table at a time: the read-back is never whole in memory."""
+        ops: list[Operation] = []
+        seen = set()
+        for table in each_table():
+            seen.add(table.ref)
+            ops += diff(Ruleset({table.ref: desired.tables[table.ref]} if table.ref in desired.tables else {}),
+                        Ruleset({table.ref: table}))
+        missing = {ref: t for ref, t in desired.tables.items() if ref not in seen}
+        return ops + diff(Ruleset(missing), Ruleset())
 
     def apply(self, operations: list[Operation]) -> None:
         kernel.run_script(script(operations))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterator
 
 from . import kernel
 from .expr import Unsupported, element, rule_text, verdict_or_value
@@ -18,7 +18,12 @@ def table_names() -> list[str]:
 
 
 def observe() -> Ruleset:
-    """Our tables (main and shards, both families), read in parallel: one `nft -j list table` each.
+    """Our tables (main and shards, both families), read in parallel: one `nft -j list table` each."""
+    return Ruleset(dict(sorted((t.ref, t) for t in each_table())))
+
+
+def each_table() -> Iterator[Table]:
+    """Our tables as they are read (several `nft -j list table` at once, in order).
 
     Each worker parses its table as soon as it is read, so only a few tables' JSON is ever in
     memory at once (at 10k services all of it would be ~300 MB).
@@ -29,8 +34,9 @@ def observe() -> Ruleset:
 
     wanted = [(family, name) for family in FAMILIES.values() for name in table_names()]
     with ThreadPoolExecutor(max_workers=3) as pool:
-        tables = {t.ref: t for t in pool.map(read, wanted) if t is not None}
-    return Ruleset(dict(sorted(tables.items())))
+        for table in pool.map(read, wanted):
+            if table is not None:
+                yield table
 
 
 def parse_table(doc: dict[str, Any], family: str, name: str) -> Table:
