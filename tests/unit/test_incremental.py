@@ -1,0 +1,124 @@
+"""The run loop's O(changes) paths give exactly what a from-scratch pass gives: the build cache fed
+deltas, the renderer reusing untouched tables, directory snapshots reporting their changes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from helpers import endpoint, endpoint_slice, node, service
+
+from reconciler.backends.nftables.diff import diff
+from reconciler.backends.nftables.render import Renderer, render
+from reconciler.desired import BuildCache, BuildOptions, build_desired_state
+from reconciler.sources.watch import DirectorySource
+from reconciler.state import PortChanges
+
+OPTS = BuildOptions("node-a", ("10.244.0.0/16",))
+HTTP = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+
+
+def svc_objects(i: int, version: int = 0) -> list:
+    eps = [endpoint(f"10.244.{i % 250}.{k + 1 + version}", node="node-a" if k == 0 else "node-b") for k in range(3)]
+    return [service(f"s{i}", f"10.96.{i // 200}.{i % 200 + 1}", HTTP, type="NodePort" if i % 5 == 0 else "ClusterIP"),
+            endpoint_slice(f"s{i}", eps)]
+
+
+def test_build_cache_fed_deltas_equals_a_fresh_build():
+    rng = random.Random(7)
+    current = {i: svc_objects(i) for i in range(60)}
+    cache = BuildCache()
+    cache.update([o for objs in current.values() for o in objs], [], OPTS)
+    for step in range(25):
+        added, removed = [], []
+        for i in rng.sample(range(80), 4):
+            if i in current and rng.random() < 0.3:
+                removed += current.pop(i)
+            else:
+                removed += current.get(i, [])
+                current[i] = svc_objects(i, version=step + 1)
+                added += current[i]
+        if step == 10:  # the Node arrives: every service's topology is looked at again
+            current[-1] = [node("node-a", zone="z1")]
+            added += current[-1]
+        got = cache.update(added, removed, OPTS)
+        want = build_desired_state([o for objs in current.values() for o in objs], OPTS)
+        assert got == want
+        assert set(cache.objects) == {id(o) for objs in current.values() for o in objs}  # nothing stale kept
+        assert cache.last_added == sorted(added, key=lambda o: (o.kind, o.namespace, o.name))
+
+
+def test_renderer_reuses_untouched_tables_and_matches_a_fresh_render():
+    objs = {i: svc_objects(i) for i in range(120)}
+    renderer = Renderer()
+    cache = BuildCache()
+    before = renderer.render(cache.build([o for v in objs.values() for o in v], OPTS))
+    objs[7] = svc_objects(7, version=1)  # one endpoint set changes
+    del objs[8]  # one service goes
+    objs[500] = svc_objects(500)  # one arrives
+    desired = cache.build([o for v in objs.values() for o in v], OPTS)
+    after = renderer.render(desired)
+    assert after == render(desired)  # same content as rendering from scratch
+    assert diff(after, render(desired)) == []
+    touched = {t for t, table in after.tables.items() if before.tables.get(t) is not table}
+    assert 1 <= len(touched) <= 4  # the main table and the shards of the three service ports
+    assert {op.service for op in diff(after, before) if op.service} == {
+        "default/s7:http/TCP", "default/s8:http/TCP", "default/s500:http/TCP"}
+
+
+def test_port_changes_by_identity():
+    cache = BuildCache()
+    objs = {i: svc_objects(i) for i in range(10)}
+    tracker = PortChanges()
+    first = cache.build([o for v in objs.values() for o in v], OPTS)
+    gone, new = tracker.update(first)
+    assert gone == [] and new == list(first.services)
+    objs[3] = svc_objects(3, version=2)
+    second = cache.build([o for v in objs.values() for o in v], OPTS)
+    gone, new = tracker.update(second)
+    assert [sp.id for sp in gone] == [sp.id for sp in new] == ["default/s3:http/TCP"]
+    assert tracker.update(second) == ([], [])
+
+
+SVC = """apiVersion: v1
+kind: Service
+metadata: {{name: {name}}}
+spec: {{clusterIP: {ip}, ports: [{{name: http, port: 80}}]}}
+"""
+
+
+def test_directory_snapshot_reports_its_changes(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text(SVC.format(name="a", ip="10.96.0.1"))
+    (tmp_path / "b.yaml").write_text(SVC.format(name="b", ip="10.96.0.2"))
+    src = DirectorySource(str(tmp_path))
+    first = src.snapshot(objects=False)
+    assert first.objects == [] and sorted(o.name for o in first.added_objects) == ["a", "b"]
+    assert first.removed_objects == []
+    a_obj = next(o for o in first.added_objects if o.name == "a")
+    (tmp_path / "a.yaml").write_text(SVC.format(name="a", ip="10.96.0.9"))
+    (tmp_path / "c.yaml").write_text(SVC.format(name="b", ip="10.96.0.3"))  # b defined twice
+    src._dirty |= {str(tmp_path / "a.yaml"), str(tmp_path / "c.yaml")}
+    second = src.snapshot(objects=False)
+    assert [o.name for o in second.removed_objects] == ["a"] and second.removed_objects[0] is a_obj
+    assert sorted(o.name for o in second.added_objects) == ["a", "b"]
+    assert len(second.errors) == 1 and "duplicate Service default/b" in str(second.errors[0])
+    (tmp_path / "c.yaml").unlink()
+    (tmp_path / "d.yaml").write_text("kind: [")
+    src._dirty |= {str(tmp_path / "c.yaml"), str(tmp_path / "d.yaml")}
+    third = src.snapshot(objects=False)
+    assert [o.name for o in third.removed_objects] == ["b"] and third.added_objects == []
+    assert len(third.errors) == 1 and str(third.errors[0]).startswith(f"{tmp_path}/d.yaml:")
+
+
+def test_released_bodies_keep_identity_and_node(tmp_path: Path):
+    (tmp_path / "a.yaml").write_text(SVC.format(name="a", ip="10.96.0.1"))
+    (tmp_path / "n.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node-a, labels: {x: y}}\n")
+    src = DirectorySource(str(tmp_path))
+    snap = src.snapshot()
+    cache = BuildCache()
+    before = cache.build(snap.objects, OPTS)
+    src.release_bodies()
+    svc = next(o for o in snap.objects if o.kind == "Service")
+    assert svc.body == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}}
+    assert src.node("node-a") == {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {"x": "y"}}}
+    assert cache.build(src.snapshot().objects, OPTS) == before  # the same objects: nothing re-parsed
