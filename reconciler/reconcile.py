@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+import threading
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from . import conntrack
 from .backends import get_backend
@@ -60,16 +63,46 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
 
 
 def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
-    """Read the kernel while the manifests load (the `nft`/`iptables-save` children run on another
-    core), then plan: the one-shot commands' path."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        observed = pool.submit(backend.observe)
+    """Read the kernel while the manifests load, then plan: the one-shot commands' path.
+
+    For a backend whose model pickles cheaply (observe_in = "process": nftables, whose model is
+    mostly strings) the read runs in a forked child: its `nft` children and the parsing of their
+    output use the other core without waiting for this process's interpreter lock, and the model
+    comes back pickled (10k x 10 no-op plan 7.6 s -> 6.5 s). Otherwise a thread does the read.
+    """
+    with _observer(backend) as observed:
         try:
             desired = load_desired(source, options)
         except BaseException:
             observed.cancel()
             raise
         return make_plan(backend, desired, observed.result(), other_mode=True)
+
+
+def _observe(backend: Any) -> Any:
+    return backend.observe()
+
+
+@contextmanager
+def _observer(backend: Any) -> Iterator[Future[Any]]:
+    """backend.observe() started now: in a forked child when the backend asks for it and this
+    process has no other thread yet (the one-shot commands have none), else in a thread."""
+    pool: Executor | None = None
+    # forking a threaded process could inherit a held lock; a model that pickles slowly is not worth it
+    if getattr(backend, "observe_in", "thread") == "process" and threading.active_count() == 1:
+        try:
+            pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+            future = pool.submit(_observe, backend)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.debug("observing in a thread: %s", exc)
+            pool = None
+    if pool is None:
+        pool = ThreadPoolExecutor(max_workers=1)
+        future = pool.submit(_observe, backend)
+    try:
+        yield future
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def touched_services(ops: list[Operation]) -> set[str]:

@@ -7,6 +7,7 @@ ip6tables, keeping only our chains (RECONCILER-*) and the rules of built-in chai
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...state import DesiredState
@@ -43,13 +44,21 @@ class IptablesBackend:
         return render(desired)
 
     def observe(self) -> IptablesModel:
+        """Our chains and jumps: one `<cmd>-save -t TABLE` per family and table, run at once
+        (each parsed as soon as it is read)."""
+        flavour = self.flavour
+        wanted = [(family, cmd, table) for family, cmd in COMMANDS.items() for table in TABLES]
+
+        def read(item: tuple[str, str, str]) -> TableState:
+            _, cmd, table = item
+            return parse_ours(kernel.save(cmd, flavour, table), table)
+
         families: dict[str, dict[str, TableState]] = {}
-        for family, cmd in COMMANDS.items():
-            for table in TABLES:
-                state = parse_ours(kernel.save(cmd, self.flavour, table), table)
+        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+            for (family, _, table), state in zip(wanted, pool.map(read, wanted)):
                 if not state.empty:
                     families.setdefault(family, {})[table] = state
-        return IptablesModel(families, self.flavour)
+        return IptablesModel(families, flavour)
 
     def diff(self, desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
         return diff(desired, observed)

@@ -21,6 +21,7 @@ _V6_EP = re.compile(r"([0-9a-f:]*:[0-9a-f:]*) \. (\d+)|to \[([0-9a-f:]+)\]:(\d+)
 
 class NftablesBackend:
     mode = "nftables"
+    observe_in = "process"  # see reconcile.plan_against_kernel: the Ruleset is strings, cheap to pickle
 
     def __init__(self) -> None:
         self._renderer = Renderer()  # keeps per-service fragments: later renders cost O(changes)
