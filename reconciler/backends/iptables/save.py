@@ -11,6 +11,7 @@ iptables-save output byte for byte (minus the ``#`` comment lines).
 from __future__ import annotations
 
 import re
+from sys import intern
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -66,8 +67,31 @@ class ParseError(ValueError):
 # --------------------------------------------------------------------------- tokens
 
 
+_OTHER_SPACE = re.compile(r"[\r\v\f\x1c-\x1f\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]")
+
+
 def split_args(text: str) -> list[str]:
     """Split a rule line into arguments exactly like iptables-restore does."""
+    # Fast path (what iptables-save writes): no backslash, no whitespace str.split() knows but
+    # iptables does not, and every opening quote starts a token. Then the regions between quotes
+    # split on whitespace and each quoted region is one token, all done by str.split in C.
+    if "\\" not in text and not _OTHER_SPACE.search(text):
+        parts = text.split('"')
+        if len(parts) % 2 == 1:
+            args: list[str] = []
+            for i in range(0, len(parts) - 1, 2):
+                bare = parts[i]
+                if bare and bare[-1] not in _WS:
+                    return _split_args_slowly(text)  # a quote opening mid-token joins it
+                args += bare.split()
+                args.append(parts[i + 1])
+            args += parts[-1].split()
+            return args
+    return _split_args_slowly(text)
+
+
+def _split_args_slowly(text: str) -> list[str]:
+    """The general case, character by character (a quote may open mid-token: a"b c" -> 'ab c')."""
     args: list[str] = []
     buf: list[str] = []
     in_quote = escaped = False
@@ -151,7 +175,7 @@ def format_probability(p: float) -> str:
 # --------------------------------------------------------------------------- model
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Rule:
     """One ``-A CHAIN args...`` line; ``args`` are the unquoted tokens after the chain."""
 
@@ -182,7 +206,8 @@ class Rule:
         if len(tokens) < 2 or tokens[0] not in ("-A", "--append"):
             raise ParseError("expected '-A CHAIN ...'", line=text)
         try:
-            return cls(tokens[1], tuple(tokens[2:]), counters)
+            # most tokens repeat (-m, comment, -j, chain names, ports): share one string each
+            return cls(intern(tokens[1]), tuple(map(intern, tokens[2:])), counters)
         except ValueError as e:
             raise ParseError(str(e), line=text) from None
 
