@@ -77,7 +77,7 @@ class DirectorySource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._first = True
-        self._files: list[str] | None = None  # manifest files as of the last snapshot, sorted
+        self._files: set[str] | None = None  # manifest files as of the last snapshot
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
         self._unreleased: list[SourceObject] = []  # read since the last release_bodies()
         self._errors: dict[str, InputError] = {}  # per file, kept current as files are re-read
@@ -183,24 +183,28 @@ class DirectorySource:
         """
         with self._lock:
             dirty, self._dirty = self._dirty, set()
+        walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
         if self._only_files(dirty):
             assert self._files is not None
             check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(os.path.relpath(p, self.root))}
             present = {p for p in check if os.path.isfile(p)}
-            if any(p not in self._cache for p in present) or check - present:
-                files = sorted((set(self._files) | present) - (check - present))
-            else:
-                files = self._files
+            self._files |= present  # in place: O(changes)
+            self._files -= check - present
         else:
             try:
-                files = manifest_files(self.root)
+                walked = manifest_files(self.root)
             except InputError as exc:  # the directory itself is gone: an input error, not "empty"
                 self._first = True  # whatever comes back next is a change
                 self._files = None
                 return Snapshot(errors=[exc], changed=True, added_objects=[], removed_objects=[])
             check = None
-        self._files = files
-        current = set(files) if check is None else None
+            self._files = set(walked)
+        files = self._files
+
+        def ordered() -> list[str]:
+            return walked if walked is not None else sorted(files)
+
+        current = files if check is None else None
         reread: list[str] = []
         removed: list[str] = []
         old_entries: dict[str, _Entry | None] = {}
@@ -210,7 +214,7 @@ class DirectorySource:
                     old_entries[path] = self._cache[path]
                     del self._cache[path]
                     removed.append(path)
-        for path in files if check is None else sorted(p for p in check if os.path.isfile(p)):
+        for path in walked if walked is not None else sorted(p for p in check if os.path.isfile(p)):
             sig = _signature(path)
             with self._lock:
                 entry = self._cache.get(path)
@@ -244,13 +248,13 @@ class DirectorySource:
                     snap.added_objects += e.result.objects  # type: ignore[operator]
                     if e.result.warnings:
                         self._warnings[path] = e.result.warnings
-            order = files if objects else sorted(set(self._errors) | set(self._warnings))
+            order = ordered() if objects else sorted(set(self._errors) | set(self._warnings))
             snap.errors = [self._errors[p] for p in order if p in self._errors]
             snap.warnings = [w for p in order for w in self._warnings.get(p, ())]
 
         def all_objects() -> list[SourceObject]:
             with self._lock:
-                entries = [self._cache.get(path) for path in files]
+                entries = [self._cache.get(path) for path in ordered()]
             return [o for e in entries if e is not None and e.error is None and e.result is not None
                     for o in e.result.objects]
 
