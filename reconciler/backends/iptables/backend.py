@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 class IptablesBackend:
     mode = "iptables"
+    observe_in = "process"  # see reconcile.plan_against_kernel (tokens are interned: pickles small)
 
     def __init__(self, flavour: str | None = None):
         if flavour is not None and flavour not in kernel.FLAVOURS:
