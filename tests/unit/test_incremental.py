@@ -122,3 +122,27 @@ def test_released_bodies_keep_identity_and_node(tmp_path: Path):
     assert svc.body == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"}}
     assert src.node("node-a") == {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a", "labels": {"x": "y"}}}
     assert cache.build(src.snapshot().objects, OPTS) == before  # the same objects: nothing re-parsed
+
+
+def test_iptables_renderer_reuses_fragments_and_matches_a_fresh_render():
+    from reconciler.backends.iptables.backend import service_view as ipt_view
+    from reconciler.backends.iptables.diff import diff as ipt_diff
+    from reconciler.backends.iptables.render import Renderer as IptRenderer, render as ipt_render
+
+    objs = {i: svc_objects(i) for i in range(80)}
+    cache, renderer = BuildCache(), IptRenderer()
+    first = cache.build([o for v in objs.values() for o in v], OPTS)
+    before = renderer.render(first)
+    objs[7] = svc_objects(7, version=1)
+    del objs[8]
+    objs[500] = svc_objects(500)
+    desired = cache.build([o for v in objs.values() for o in v], OPTS)
+    after = renderer.render(desired)
+    assert after == ipt_render(desired)
+    assert ipt_diff(after, ipt_render(desired)) == []
+    changed = {"default/s7:http/TCP", "default/s8:http/TCP", "default/s500:http/TCP"}
+    assert ipt_diff(after, before) == ipt_diff(ipt_render(desired), ipt_render(first))  # same plan as without memory
+    untouched = "default/s9:http/TCP"
+    assert ipt_view(after, {untouched} | changed) == {
+        k: v for k, v in ipt_view(after).items() if k in {untouched} | changed}
+    assert ipt_view(after, {untouched})[untouched]["endpoints"]  # its DNATs are found by chain name

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Iterable
 
 from ...state import DesiredState
 from ..base import Operation
 from . import kernel
 from .diff import diff, restore_inputs, rule_owner, script
 from .render import (
-    COMMANDS, ENDPOINTS_CHECK, NODEPORTS, SERVICES, TABLES, IptablesModel, TableState, is_builtin, is_ours,
-    is_service_chain, render,
+    COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX, TABLES,
+    IptablesModel, Renderer, TableState, chain_hash, is_builtin, is_ours, is_service_chain,
 )
 from .save import Rule, parse_save
 
@@ -32,6 +32,7 @@ class IptablesBackend:
             raise ValueError(f"unknown iptables flavour {flavour!r}")
         self._flavour = flavour
         self.last_restore_seconds: dict[str, float] = {}
+        self._renderer = Renderer()  # keeps per-service fragments: later renders cost O(changes)
 
     @property
     def flavour(self) -> str:
@@ -42,7 +43,7 @@ class IptablesBackend:
         return self._flavour
 
     def render(self, desired: DesiredState) -> IptablesModel:
-        return render(desired)
+        return self._renderer.render(desired)
 
     def observe(self) -> IptablesModel:
         """Our chains and jumps: one `<cmd>-save -t TABLE` per family and table, run at once
@@ -83,8 +84,23 @@ class IptablesBackend:
         return model.to_dict()
 
     def service_view(self, model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
-        view = service_view(model)
-        return view if only is None else {k: v for k, v in view.items() if k in only}
+        return service_view(model, only)
+
+
+def _service_chains(chains: dict[str, tuple[Rule, ...]], only: set[str] | None
+                    ) -> Iterable[tuple[str, tuple[Rule, ...]]]:
+    """Every service chain, or (with `only`) those service ports' chains and the SEP chains they jump to."""
+    if only is None:
+        return [(name, rules) for name, rules in chains.items() if is_service_chain(name)]
+    out = []
+    for sid in only:
+        for prefix in (SVC_PREFIX, EXT_PREFIX, FW_PREFIX):
+            name = prefix + chain_hash(sid)
+            if name in chains:
+                out.append((name, chains[name]))
+                out += [(r.target, chains[r.target]) for r in chains[name]
+                        if r.target and r.target.startswith(SEP_PREFIX) and r.target in chains]
+    return out
 
 
 def parse_ours(text: str, table: str) -> TableState:
@@ -126,8 +142,12 @@ def _addr(args: tuple[str, ...]) -> str | None:
     return f"[{ip}]:{port}/{proto}" if ":" in ip else f"{ip}:{port}/{proto}"
 
 
-def service_view(model: IptablesModel) -> dict[str, dict[str, Any]]:
-    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses."""
+def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses.
+
+    With `only`, just those service ports: rules that do not carry one of them as a token (their
+    comment) are skipped at C speed, and only their own chains (found by name) are read.
+    """
     view: dict[str, dict[str, set[str]]] = {}
 
     def entry(sid: str) -> dict[str, set[str]]:
@@ -137,19 +157,21 @@ def service_view(model: IptablesModel) -> dict[str, dict[str, Any]]:
         nat, filt = tables.get("nat", TableState()), tables.get("filter", TableState())
         for name in (SERVICES, NODEPORTS):
             for r in nat.chains.get(name, ()):
+                if only is not None and only.isdisjoint(r.args):
+                    continue
                 sid, addr = rule_owner(r), _addr(r.args)
-                if sid and addr:
+                if sid and addr and (only is None or sid in only):
                     entry(sid)["addresses"].add(addr)
         for r in filt.chains.get(ENDPOINTS_CHECK, ()):
-            sid, addr = rule_owner(r), _addr(r.args)
-            if sid and addr and r.target in ("REJECT", "DROP"):
-                entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
-        for name, rules in nat.chains.items():
-            if not is_service_chain(name):
+            if only is not None and only.isdisjoint(r.args):
                 continue
+            sid, addr = rule_owner(r), _addr(r.args)
+            if sid and addr and r.target in ("REJECT", "DROP") and (only is None or sid in only):
+                entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
+        for name, rules in _service_chains(nat.chains, only):
             for r in rules:  # DNATs inline in SVC/EXT, and in SEP chains for hairpin / affinity endpoints
                 ep, sid = _value(r.args, "--to-destination"), rule_owner(r)
-                if ep and sid and r.target == "DNAT":
+                if ep and sid and r.target == "DNAT" and (only is None or sid in only):
                     entry(sid)["endpoints"].add(ep)
     return {k: {"addresses": sorted(v["addresses"]), "endpoints": sorted(v["endpoints"])}
             for k, v in sorted(view.items())}

@@ -120,24 +120,25 @@ class IptablesModel:
 # --------------------------------------------------------------------------- names
 
 
-def _hash(text: str) -> str:
+def chain_hash(text: str) -> str:
+    """The hash part of a per-service chain name: svc_chain(sp) == SVC_PREFIX + chain_hash(sp.id)."""
     return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:HASH_LEN]
 
 
 def svc_chain(sp: ServicePort) -> str:
-    return SVC_PREFIX + _hash(sp.id)
+    return SVC_PREFIX + chain_hash(sp.id)
 
 
 def ext_chain(sp: ServicePort) -> str:
-    return EXT_PREFIX + _hash(sp.id)
+    return EXT_PREFIX + chain_hash(sp.id)
 
 
 def fw_chain(sp: ServicePort) -> str:
-    return FW_PREFIX + _hash(sp.id)
+    return FW_PREFIX + chain_hash(sp.id)
 
 
 def sep_chain(sp: ServicePort, ep: Endpoint) -> str:
-    return SEP_PREFIX + _hash(f"{sp.id}{ep}")
+    return SEP_PREFIX + chain_hash(f"{sp.id}{ep}")
 
 
 def is_ours(chain: str) -> bool:
@@ -200,16 +201,46 @@ def _port_match(proto: str, port: int) -> tuple[str, ...]:
 
 def render(desired: DesiredState) -> IptablesModel:
     """Our chains and jumps per family (a family without service ports is omitted)."""
-    families: dict[str, dict[str, TableState]] = {}
-    for family in FAMILIES:
-        ports = [(sp, blk) for sp in desired.services if (blk := sp.family(family)) is not None]
-        if not ports:
-            continue
-        b = _Builder(_Family(family), desired.families.get(family, FamilyOptions()), desired.masqueradeAll)
-        for sp, blk in ports:
-            b.service(sp, blk)
-        families[family] = b.tables()
-    return IptablesModel(families)
+    return Renderer().render(desired)
+
+
+class Renderer:
+    """Renders with memory: the rules each service port contributes (its fragment, per family) are
+    kept, and a later render builds fragments only for service ports that are not the very same
+    objects as before (desired.BuildCache keeps unchanged ones identical); the rest is joining
+    fragments, in C-level list and dict operations."""
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._fragments: dict[int, tuple[ServicePort, dict[str, _Builder]]] = {}
+
+    def render(self, desired: DesiredState) -> IptablesModel:
+        key = (desired.masqueradeAll, tuple(sorted(desired.families.items())))
+        if key != self._key:
+            self._key, self._fragments = key, {}
+        old, fragments = self._fragments, {}
+        for sp in desired.services:
+            hit = old.get(id(sp))
+            if hit is None or hit[0] is not sp:
+                frags = {}
+                for family in FAMILIES:
+                    blk = sp.family(family)
+                    if blk is not None:
+                        frag = _Builder(_Family(family), desired.families.get(family, FamilyOptions()),
+                                        desired.masqueradeAll)
+                        frag.service(sp, blk)
+                        frag.freeze()
+                        frags[family] = frag
+                hit = (sp, frags)
+            fragments[id(sp)] = hit
+        self._fragments = fragments
+        families: dict[str, dict[str, TableState]] = {}
+        for family in FAMILIES:
+            parts = [frags[family] for _, frags in fragments.values() if family in frags]
+            if parts:
+                b = _Builder(_Family(family), desired.families.get(family, FamilyOptions()), desired.masqueradeAll)
+                families[family] = b.tables(parts)
+        return IptablesModel(families)
 
 
 class _Builder:
@@ -224,13 +255,13 @@ class _Builder:
         self.no_endpoints: list[Rule] = []
         self.no_endpoint_nodeports: list[Rule] = []
         self.cluster_ips: list[str] = []
+        self.nat_rules: dict[str, tuple[Rule, ...]] = {}  # self.nat as Rules, once frozen
 
     # -- per service port ------------------------------------------------------------------
 
     def service(self, sp: ServicePort, blk: ServicePortFamily) -> None:
         sid, proto, f = sp.id, sp.protocol.lower(), self.fam
-        if blk.clusterIP not in self.cluster_ips:
-            self.cluster_ips.append(blk.clusterIP)
+        self.cluster_ips.append(blk.clusterIP)
         internal, external = blk.internal, blk.external
 
         def addr_rule(chain: str, ip: str, *target: str) -> Rule:
@@ -382,11 +413,23 @@ class _Builder:
             return [(("!", "-d", self.fam.loopback), local)]
         return [(("-d", cidr(c)), local) for c in cidrs]
 
-    def tables(self) -> dict[str, TableState]:
+    def freeze(self) -> None:
+        """A finished fragment: its chains as Rule tuples, made once and shared by every render."""
+        self.nat_rules = {name: tuple(Rule(name, args) for args in rules) for name, rules in self.nat.items()}
+
+    def tables(self, fragments: list[_Builder]) -> dict[str, TableState]:
+        """The tables from the service ports' fragments (in service port order)."""
         nat: dict[str, tuple[Rule, ...]] = {}
-        for name, rules in self.nat.items():
-            nat[name] = tuple(Rule(name, args) for args in rules)
-        services = list(self.services)
+        services: list[Rule] = []
+        for frag in fragments:
+            nat.update(frag.nat_rules)
+            services += frag.services
+            self.nodeports += frag.nodeports
+            self.firewall += frag.firewall
+            self.no_endpoints += frag.no_endpoints
+            self.no_endpoint_nodeports += frag.no_endpoint_nodeports
+            self.cluster_ips += frag.cluster_ips
+        self.cluster_ips = list(dict.fromkeys(self.cluster_ips))
         for head, match in self._nodeport_matches():
             services.append(Rule(SERVICES, (*head, *match, "-j", NODEPORTS)))
         nat[SERVICES] = tuple(services)
