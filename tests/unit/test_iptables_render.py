@@ -312,11 +312,60 @@ def test_removed_service_and_verdict_change_touch_shared_chains():
     fewer = DesiredState(d.node, d.masqueradeAll, d.families, tuple(s for s in d.services if s.name != "svc03"))
     ops = diff(render(fewer), old)
     s = d.by_id()["default/svc03:http/TCP"]
-    deleted = {op.text for op in ops if op.action == "-"}
+    deleted = {op.text for op in ops if op.action == "-" and op.kind == "chain"}
     assert deleted == {f"-X {svc_chain(s)}", f"-X {ext_chain(s)}"}  # remote endpoints have no SEP chains
     rewritten = {op.name.split()[-1] for op in ops if op.kind == "chain" and op.action == "~" and op.text.startswith(":")}
-    assert {SERVICES, NODEPORTS} <= rewritten  # shared dispatch chains lose its rules
+    assert rewritten == {svc_chain(s), ext_chain(s)}  # flushed before -X; the long shared chains are not rewritten
+    # ... they lose just its rules, named by their spec
+    removed = {op.name.split()[-1]: op.text for op in ops if op.kind == "rule"}
+    assert set(removed) == {SERVICES, NODEPORTS, ENDPOINTS_CHECK}
+    assert all(t.startswith(f"-D {c} ") and ("svc03" in t or "10.96.1.4/32" in t) for c, t in removed.items())
     assert diff(old, old) == []
+
+
+def _apply_edits(chain: list[tuple[str, ...]], name: str, ops) -> list[tuple[str, ...]]:
+    """What iptables-restore does with our -D/-I lines on one chain (a tiny model of it)."""
+    from reconciler.backends.iptables.save import split_args
+    chain = list(chain)
+    for op in ops:
+        args = split_args(op.text)
+        if args[:2] == ["-D", name]:
+            chain.remove(tuple(args[2:]))
+        elif args[:2] == ["-I", name]:
+            chain.insert(int(args[2]) - 1, tuple(args[3:]))
+        else:
+            raise AssertionError(op.text)
+    return chain
+
+
+def test_long_chains_change_in_place_and_the_edits_give_the_desired_chain():
+    from reconciler.backends.iptables.diff import _edit_in_place
+    from reconciler.backends.iptables.save import Rule
+
+    base = [Rule("C", ("-d", f"10.0.0.{i}/32", "-j", f"T{i}")) for i in range(60)]
+    dup = Rule("C", ("-j", "SAME"))
+    cases = [
+        base[:10] + [Rule("C", ("-j", "NEW"))] + base[10:],  # one inserted
+        base[:30] + base[31:],  # one removed
+        base[:5] + [Rule("C", ("-j", "X")), Rule("C", ("-j", "Y"))] + base[8:],  # a stretch replaced
+        [dup] + base + [dup],  # duplicates around
+    ]
+    for old in ([*base], [dup] + base[:40] + [dup] + base[40:]):
+        for new in cases:
+            ops = _edit_in_place("iptables", "nat", "C", tuple(old), tuple(new))
+            if ops is None:
+                continue
+            assert _apply_edits([r.args for r in old], "C", ops) == [r.args for r in new]
+    apart = base[:10] + base[11:50] + [Rule("C", ("-j", "NEW"))] + base[50:]  # two edits far apart
+    ops = _edit_in_place("iptables", "nat", "C", tuple(base), tuple(apart))
+    assert [op.text for op in ops] == ["-D C -d 10.0.0.10/32 -j T10", "-I C 50 -j NEW"]
+    assert _apply_edits([r.args for r in base], "C", ops) == [r.args for r in apart]
+    twice = base[:40] + [dup] + base[40:] + [dup]  # a rule twice: a delete could not name it
+    assert _edit_in_place("iptables", "nat", "C", tuple(twice), tuple(base + [dup])) is None
+    swapped = base[:20] + [base[21], base[20]] + base[22:]
+    assert _edit_in_place("iptables", "nat", "C", tuple(base), tuple(swapped)) is None  # reordered
+    assert _edit_in_place("iptables", "nat", "C", tuple(base), tuple(reversed(base))) is None  # too much: rewrite
+    assert _edit_in_place("iptables", "nat", "C", tuple(base[:10]), tuple(base[:9])) is None  # short: rewrite
 
 
 # --------------------------------------------------------------------------- options

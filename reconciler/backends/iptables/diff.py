@@ -7,6 +7,8 @@ Per table, the restore input is ordered
 
     :CHAIN - [0:0]     create or flush every chain that is (re)written or deleted
     -A CHAIN ...       the full contents of (re)written chains
+    -D / -I CHAIN      a long chain of which a few rules changed (a service port's rules in the
+                       shared SERVICES chain): just those rules
     -D / -I BUILTIN    our jump rules in built-in chains: stale ones removed, missing ones inserted at 1
     -X CHAIN           chains that are gone (empty and unreferenced by then)
 
@@ -54,6 +56,7 @@ def diff(desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
 def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> list[Operation]:
     declare: list[Operation] = []
     fill: list[Operation] = []
+    edits: list[Operation] = []
     jumps: list[Operation] = []
     delete: list[Operation] = []
 
@@ -62,7 +65,11 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
 
     for name in sorted(want.chains):
         rules, old = want.chains[name], have.chains.get(name)
-        if old is not None and [r.args for r in old] == [r.args for r in rules]:
+        if old is rules or (old is not None and [r.args for r in old] == [r.args for r in rules]):
+            continue
+        edit = _edit_in_place(cmd, table, name, old, rules) if old is not None else None
+        if edit is not None:
+            edits += edit
             continue
         svc = chain_owner(name, rules)
         declare.append(Operation("+" if old is None else "~", "chain", obj(name), f":{name} - [0:0]", svc))
@@ -87,7 +94,39 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
         jumps.append(Operation("-", "rule", obj(r.chain), RuleOp(table, "delete", r).to_text()))
     for r in inserts:
         jumps.append(Operation("+", "rule", obj(r.chain), RuleOp(table, "insert", r, 1).to_text()))
-    return declare + fill + jumps + delete
+    return declare + fill + edits + jumps + delete
+
+
+EDIT_MIN_RULES = 32  # shorter chains are rewritten whole
+
+
+def _edit_in_place(cmd: str, table: str, name: str, old: tuple[Rule, ...], new: tuple[Rule, ...]
+                   ) -> list[Operation] | None:
+    """For a long chain of which only a few rules changed (a service port's dispatch rules in the
+    shared SERVICES chain), `-D` the rules that went and `-I` the new ones at their places instead
+    of rewriting the whole chain: iptables-restore's cost follows the rules it is given.
+
+    Only when every rule is unique (a delete names its rule) and the rules both keep stay in the
+    same order; after the deletes, inserting in ascending final position rebuilds `new` exactly.
+    None: rewrite the chain.
+    """
+    if len(old) < EDIT_MIN_RULES or len(new) < EDIT_MIN_RULES:
+        return None
+    old_args, new_args = [r.args for r in old], [r.args for r in new]
+    old_set, new_set = set(old_args), set(new_args)
+    if len(old_set) != len(old_args) or len(new_set) != len(new_args):
+        return None
+    gone = [r for r in old if r.args not in new_set]
+    added = [i for i, a in enumerate(new_args) if a not in old_set]
+    if len(gone) + len(added) > max(8, len(new) // 4):
+        return None
+    if [a for a in old_args if a in new_set] != [a for a in new_args if a in old_set]:
+        return None  # kept rules reordered
+    obj = f"{cmd} {table} {name}"
+    ops = [Operation("-", "rule", obj, RuleOp(table, "delete", r).to_text(), rule_owner(r)) for r in gone]
+    ops += [Operation("+", "rule", obj, RuleOp(table, "insert", new[i], i + 1).to_text(), rule_owner(new[i]))
+            for i in added]
+    return ops
 
 
 def _phase(text: str) -> int:
