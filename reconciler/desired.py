@@ -7,9 +7,9 @@ import ipaddress
 import logging
 import operator
 import socket
-from sys import intern
 from collections import defaultdict
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any, Iterable
 
 from .sources.objects import InputError, InputErrors, Path, SourceObject

@@ -11,9 +11,9 @@ iptables-save output byte for byte (minus the ``#`` comment lines).
 from __future__ import annotations
 
 import re
-from sys import intern
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from sys import intern
 from typing import Literal
 
 __all__ = [
