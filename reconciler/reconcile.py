@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import threading
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -77,7 +78,12 @@ def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
         except BaseException:
             observed.cancel()
             raise
-        return make_plan(backend, desired, observed.result(), other_mode=True)
+        try:
+            observed_model = observed.result()
+        except BrokenProcessPool as exc:  # the child died (killed, out of memory): read here instead
+            log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
+            observed_model = backend.observe()
+        return make_plan(backend, desired, observed_model, other_mode=True)
 
 
 def _observe(backend: Any) -> Any:

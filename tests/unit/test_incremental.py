@@ -3,7 +3,9 @@ deltas, the renderer reusing untouched tables, directory snapshots reporting the
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 from pathlib import Path
 
 from helpers import endpoint, endpoint_slice, node, service
@@ -146,3 +148,38 @@ def test_iptables_renderer_reuses_fragments_and_matches_a_fresh_render():
     assert ipt_view(after, {untouched} | changed) == {
         k: v for k, v in ipt_view(after).items() if k in {untouched} | changed}
     assert ipt_view(after, {untouched})[untouched]["endpoints"]  # its DNATs are found by chain name
+
+
+class DyingChildBackend:
+    """observe() kills the process it runs in unless that is the one that made the backend."""
+
+    mode = "fake"
+    observe_in = "process"
+
+    def __init__(self) -> None:
+        self.parent = os.getpid()
+
+    def observe(self) -> dict:
+        if os.getpid() != self.parent:
+            os.kill(os.getpid(), signal.SIGKILL)  # the forked reader dies
+        return {"read": "in the parent"}
+
+    def render(self, desired) -> dict:
+        return {}
+
+    def diff(self, want, have) -> list:
+        return []
+
+    def service_view(self, model, only=None) -> dict:
+        return {}
+
+
+def test_plan_reads_the_kernel_here_when_the_child_dies(tmp_path: Path, monkeypatch):
+    """plan_against_kernel forks a child to read the kernel; if it dies, the read happens in-process."""
+    from reconciler import reconcile
+    from reconciler.config import Options
+
+    (tmp_path / "a.yaml").write_text(SVC.format(name="a", ip="10.96.0.1"))
+    monkeypatch.setattr(reconcile.threading, "active_count", lambda: 1)  # pytest may run threads
+    planned = reconcile.plan_against_kernel(DyingChildBackend(), str(tmp_path), Options(node_name="node-a"))
+    assert planned.observed_model == {"read": "in the parent"}
