@@ -5,7 +5,8 @@
 
 For every size and backend it measures, with the reconciler's own CLI in a fresh namespace:
 cold apply, no-op plan, one endpoint changed (plan, then apply), one service added (apply), and the
-`run` daemon: time from a file change to the kernel updated, and its peak RSS. Beside each figure
+`run` daemon: time from a file change to the kernel updated, and its peak RSS (cold apply RSS: the
+largest of the command and its children, which at 10k is `nft -f` itself). Beside each figure
 it prints the floor measured in the same run: the kernel tool alone doing the same work on exactly
 the ruleset we generate (`nft -f` / `nft -j list`, `iptables-restore` / `iptables-save`).
 Nothing here is a test: it prints a table (and --json FILE writes the figures).
