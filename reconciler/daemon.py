@@ -98,6 +98,9 @@ def _fields(**kw: Any) -> dict[str, Any]:
 
 class Source(Protocol):
     kind: str
+    # True: snapshot(objects=False) fills added_objects/removed_objects (what changed since the
+    # previous snapshot) and may leave `objects` empty; the build then costs O(changes)
+    deltas: bool
 
     def start(self) -> None: ...
 
@@ -112,6 +115,7 @@ class KubeSource:
     """KubernetesSource behind the daemon's Source interface."""
 
     kind = "kubernetes"
+    deltas = False  # the informers' caches are diffed by the build cache (identity of bodies)
 
     def __init__(self, kubeconfig: str | None, node_name: str, on_change: Callable[[], None]) -> None:
         from .sources.kubernetes import KubernetesSource, load_api_client
