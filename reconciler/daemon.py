@@ -323,11 +323,15 @@ class Daemon:
         if release is not None:
             release()  # the build cache has all it needs from them
 
+    @property
+    def _source_has_deltas(self) -> bool:
+        return bool(getattr(self.source, "deltas", False))  # test fakes may not say
+
     def _snapshot(self) -> Snapshot:
         """The source's content. A source that reports its changes (a directory) is asked for just
         those; they wait in self._pending until a build takes them in."""
         assert self.source is not None
-        if getattr(self.source, "deltas", False):
+        if self._source_has_deltas:
             snap = self.source.snapshot(objects=False)  # type: ignore[call-arg]
             self._pending.add(snap.added_objects or (), snap.removed_objects or ())
             return snap
@@ -337,7 +341,7 @@ class Daemon:
         """Build the desired state; from the API, objects named by errors are dropped and the
         build retried, from a directory any error rejects the whole input."""
         opts = self.opts.build_options()
-        if getattr(self.source, "deltas", False):
+        if self._source_has_deltas:
             try:
                 desired = self._build_cache.update(self._pending.added.values(), self._pending.removed.values(), opts)
             except (InputErrors, InputError) as exc:

@@ -8,6 +8,7 @@ missed events) and drops the deleted ones. Everything else comes from the cache.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -252,6 +253,7 @@ class DirectorySource:
             snap.errors = [self._errors[p] for p in order if p in self._errors]
             snap.warnings = [w for p in order for w in self._warnings.get(p, ())]
 
+        @functools.cache  # the object list and the duplicate check may both need it
         def all_objects() -> list[SourceObject]:
             with self._lock:
                 entries = [self._cache.get(path) for path in ordered()]

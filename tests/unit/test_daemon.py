@@ -5,6 +5,7 @@ tests/fakeapi.py with the real nftables backend."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import json
@@ -586,18 +587,25 @@ def test_daemon_with_directory_source(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ logging
 
 
-def test_json_log_lines() -> None:
+@contextlib.contextmanager
+def daemon_logging(fmt: str) -> Iterator[io.StringIO]:
+    """setup_logging(fmt) into a string for the block; the root logger is restored afterwards."""
     stream = io.StringIO()
     root = logging.getLogger()
     saved = (list(root.handlers), root.level)
     try:
-        setup_logging("json", stream=stream)
-        d, backend, source, clock = make()
-        d.step()
-        logging.getLogger("reconciler.daemon").error("plain %s", "message")
+        setup_logging(fmt, stream=stream)
+        yield stream
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_json_log_lines() -> None:
+    with daemon_logging("json") as stream:
+        d, backend, source, clock = make()
+        d.step()
+        logging.getLogger("reconciler.daemon").error("plain %s", "message")
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]
     sync = next(rec for rec in lines if rec["msg"].startswith("sync full"))
     assert {"ts", "level", "msg"} <= set(sync)
@@ -607,16 +615,9 @@ def test_json_log_lines() -> None:
 
 
 def test_text_log_lines() -> None:
-    stream = io.StringIO()
-    root = logging.getLogger()
-    saved = (list(root.handlers), root.level)
-    try:
-        setup_logging("text", stream=stream)
+    with daemon_logging("text") as stream:
         d, backend, source, clock = make()
         d.step()
-    finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
     line = next(ln for ln in stream.getvalue().splitlines() if "sync full" in ln)
     assert " INFO sync full: service ports +1 ~0 -0, 1 operations, " in line
 

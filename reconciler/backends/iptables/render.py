@@ -218,16 +218,20 @@ class Renderer:
         key = (desired.masqueradeAll, tuple(sorted(desired.families.items())))
         if key != self._key:
             self._key, self._fragments = key, {}
+
+        def builder(family: Family) -> _Builder:
+            return _Builder(_Family(family), desired.families.get(family, FamilyOptions()), desired.masqueradeAll)
+
+        # keyed by id(): the old ports are held here, so an id found is that very port
         old, fragments = self._fragments, {}
         for sp in desired.services:
             hit = old.get(id(sp))
-            if hit is None or hit[0] is not sp:
+            if hit is None:
                 frags = {}
                 for family in FAMILIES:
                     blk = sp.family(family)
                     if blk is not None:
-                        frag = _Builder(_Family(family), desired.families.get(family, FamilyOptions()),
-                                        desired.masqueradeAll)
+                        frag = builder(family)
                         frag.service(sp, blk)
                         frag.freeze()
                         frags[family] = frag
@@ -238,8 +242,7 @@ class Renderer:
         for family in FAMILIES:
             parts = [frags[family] for _, frags in fragments.values() if family in frags]
             if parts:
-                b = _Builder(_Family(family), desired.families.get(family, FamilyOptions()), desired.masqueradeAll)
-                families[family] = b.tables(parts)
+                families[family] = builder(family).tables(parts)
         return IptablesModel(families)
 
 

@@ -165,20 +165,16 @@ class Renderer:
             self._add(sp)
         # only tables whose content changed are built again: the others stay the same objects,
         # which diff() skips without looking inside
-        for family, shard in sorted(self._dirty, key=lambda d: (d[0], -1 if d[1] is None else d[1])):
+        for family, shard in self._dirty:
             counts = self._count[family]
             if shard is None:
-                table = self._main[family].main_table()
-                if any(counts):
-                    self._tables[table.ref] = table
-                else:
-                    self._tables.pop(table.ref, None)
+                table, used = self._main[family].main_table(), any(counts)
             else:
-                table = self._shards[family][shard].shard_table(shard)
-                if counts[shard]:
-                    self._tables[table.ref] = table
-                else:
-                    self._tables.pop(table.ref, None)
+                table, used = self._shards[family][shard].shard_table(shard), counts[shard] > 0
+            if used:
+                self._tables[table.ref] = table
+            else:
+                self._tables.pop(table.ref, None)
         self._dirty.clear()
         return Ruleset(dict(sorted(self._tables.items())))
 
