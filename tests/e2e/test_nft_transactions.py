@@ -4,6 +4,7 @@ for big ones, or whenever RECONCILER_NFT_IN_PROCESS=0) are atomic and report err
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import pytest
@@ -45,3 +46,60 @@ def test_transactions_are_atomic_on_both_paths(lab, in_process):
     assert out["error"] is not None and "nothing was changed" in out["error"] and "missing" in out["error"]
     assert out["after_failed"] == 1  # the good first line of the failed transaction did not land either
     assert out["after_delete"] is None
+
+
+SYNCS = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from helpers import HTTP, build, endpoint, endpoint_slice, service
+from reconciler.backends.nftables.backend import NftablesBackend
+from reconciler.backends.nftables.objects import Ruleset
+
+def state(eps, extra=(), affinity=("b", "d"), gone=()):
+    objs = []
+    for i, name in enumerate(["a", "b", "c", "d"]):
+        if name in gone or (name == "d" and "d" not in extra):
+            continue
+        spec = {"type": "NodePort"} if name == "c" else {}
+        if name in affinity:
+            spec["sessionAffinity"] = "ClientIP"
+        ports = [dict(HTTP[0], nodePort=30080)] if name == "c" else HTTP
+        objs.append(service(name, f"10.96.0.{10 + i}", ports, **spec))
+        objs.append(endpoint_slice(name, [endpoint(f"10.244.{i}.{k}") for k in eps.get(name, (1, 2))]))
+    return build(objs, cluster_cidrs=("10.244.0.0/16",), service_cidrs=("10.96.0.0/16",))
+
+steps = [
+    state({"a": (1, 2, 3)}),                                   # cold
+    state({"a": (1, 4, 5, 6)}),                                # endpoints of a change
+    state({"a": (1, 4), "b": (7,), "d": (1, 2)}, extra="d"),   # d added (affinity), b changes
+    state({"a": (9,), "d": ()}, extra="d", gone="c"),          # c removed, d loses its endpoints
+]
+b = NftablesBackend()
+applied = Ruleset()
+out = []
+for desired in steps:
+    model = b.render(desired)
+    ops = b.diff(model, applied)
+    text = b.script(ops)
+    b.apply(ops)
+    out.append({"script": text, "left": [op.text for op in b.diff(model, b.observe())]})
+    applied = model
+b.apply(b.cleanup())
+out.append({"script": "", "left": [op.text for op in b.diff(Ruleset(), b.observe())]})
+print(json.dumps(out))
+"""
+
+
+def test_small_syncs_written_without_plain_rule_and_element_adds_converge(lab):
+    """Service changes are written as chain blocks and set declarations (so nft need not read the
+    ruleset first); on the real kernel each sync leaves exactly the desired model."""
+    tests_unit = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "unit")
+    proc = lab.exec("node", [sys.executable, "-c", SYNCS, tests_unit], check=False, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    steps = json.loads(proc.stdout)
+    assert [s["left"] for s in steps] == [[]] * 5
+    for step in steps[1:4]:
+        lines = step["script"].splitlines()
+        assert any(line.startswith("add chain ip reconciler-") and line.endswith("{") for line in lines)
+        assert not [line for line in lines if line.startswith("add rule ip reconciler-")], step["script"]
+        assert not [line for line in lines if line.startswith("add element")], step["script"]

@@ -158,6 +158,66 @@ def test_script_batches_elements_and_is_one_transaction_text():
     assert text.splitlines()[0] == "add table ip reconciler"
 
 
+def _blocks(text: str) -> dict[str, list[str]]:
+    """`add chain T C {` … `}` blocks of a script: chain reference -> its rules."""
+    blocks: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("add chain ") and line.endswith(" {"):
+            current = blocks.setdefault(line[len("add chain "):-2], [])
+        elif line == "}":
+            current = None
+        elif current is not None:
+            current.append(line.strip())
+    return blocks
+
+
+def test_script_with_the_model_writes_service_changes_without_rule_or_element_adds():
+    before = render(many_services(30))
+    after = render(many_services(30, changed=7))
+    ops = diff(after, before)
+    plain, light = script(ops), script(ops, after)
+    lines = light.splitlines()
+    assert not [line for line in lines if line.startswith(("add rule", "add element"))]
+    # the chain block holds exactly the rules the plain form adds, in their order
+    added = [op.text.split(" ", 5)[5] for op in ops if op.kind == "rule"]
+    assert [r for rules in _blocks(light).values() for r in rules] == added
+    assert len(added) == 4 and "add rule" in plain
+    # the named set those rules use is declared (without elements) before its block
+    decl = next(i for i, line in enumerate(lines) if line.startswith("add set") and "cluster-cidrs" in line)
+    assert "elements" not in lines[decl]
+    assert decl < next(i for i, line in enumerate(lines) if line.endswith(" {"))
+    # flushes come first, as in the plain form
+    assert [line for line in lines if line.startswith("flush")] == [
+        line for line in plain.splitlines() if line.startswith("flush")]
+
+
+def test_script_with_the_model_adds_map_elements_as_a_declaration():
+    skipped = 11
+    before = render(many_services(30, skip=skipped))
+    after = render(many_services(30))
+    ops = diff(after, before)
+    light = script(ops, after)
+    assert "add element" not in light
+    maps = [line for line in light.splitlines() if line.startswith("add map") and " service-ips " in line]
+    assert len(maps) == 1
+    assert maps[0].endswith(f'comment "default/svc{skipped}:http/TCP" : goto svc-default/svc{skipped}/http/tcp }}; }}')
+    assert "type ipv4_addr . inet_proto . inet_service : verdict; elements = {" in maps[0]
+
+
+def test_script_keeps_the_plain_form_where_it_cannot_declare():
+    model = render(many_services(4))
+    ops = diff(model, Ruleset())
+    assert script(ops, Ruleset()) == script(ops)  # a model that does not know the tables
+    light = script(ops, model)
+    # rules of base chains (a block would have to restate the hook) and interval sets stay plain
+    lines = set(light.splitlines())
+    base_rules = [op.text for op in ops if op.kind == "rule" and
+                  model.tables[" ".join(op.name.split()[:2])].chains[op.name.split(" chain ")[1]].base]
+    assert base_rules and all(text in lines for text in base_rules)
+    assert any(line.startswith("add element") and "cluster-cidrs" in line for line in lines)
+
+
 def test_observed_model_matches_schema():
     with open(os.path.join(REPO, "schemas", "nftables-model.schema.json")) as fh:
         jsonschema.validate(recorded().to_dict(), json.load(fh))

@@ -25,9 +25,11 @@ class NftablesBackend:
 
     def __init__(self) -> None:
         self._renderer = Renderer()  # keeps per-service fragments: later renders cost O(changes)
+        self._rendered: Ruleset | None = None  # the last render: set definitions for script()
 
     def render(self, desired: DesiredState) -> Ruleset:
-        return self._renderer.render(desired)
+        self._rendered = self._renderer.render(desired)
+        return self._rendered
 
     def observe(self) -> Ruleset:
         return observe()
@@ -47,10 +49,11 @@ class NftablesBackend:
         return ops + diff(Ruleset(missing), Ruleset())
 
     def apply(self, operations: list[Operation]) -> None:
-        kernel.run_script(script(operations))
+        kernel.run_script(self.script(operations))
 
     def script(self, operations: list[Operation]) -> str:
-        return script(operations)
+        """The transaction text; the operations are those planned from the last render."""
+        return script(operations, self._rendered)
 
     def cleanup(self) -> list[Operation]:
         return diff(Ruleset(), self.observe())

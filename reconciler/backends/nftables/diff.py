@@ -8,6 +8,8 @@ update elements; fill chains; delete what is gone (nothing references it any mor
 
 from __future__ import annotations
 
+import re
+
 from ..base import Operation
 from .objects import Chain, NftSet, Ruleset, Table, element_text
 
@@ -127,27 +129,101 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
     return create + flush + early_delete + set_delete + set_create + elems + fill + late_delete
 
 
-def script(ops: list[Operation]) -> str:
-    """The `nft -f` text for ops; consecutive element operations on one set become one command."""
-    lines: list[str] = []
-    batch_head: str | None = None
-    batch: list[str] = []
+_SET_REF = re.compile(r"@([^\s,{}]+)")
+_ELEMENT_BATCH = 1000
+_BLOCK_END = "\n}"
 
-    def flush_batch() -> None:
-        nonlocal batch_head, batch
-        if batch_head is not None:
-            lines.append(f"{batch_head} {{ {', '.join(batch)} }}")
-        batch_head, batch = None, []
 
+def script(ops: list[Operation], model: Ruleset | None = None) -> str:
+    """The `nft -f` text for ops: one transaction; consecutive element operations on one set
+    become one command.
+
+    With `model` (the desired Ruleset the ops were planned from) the text is also written so that
+    nft need not read the ruleset before it can check it: before an `add rule` or `add element`,
+    nft 1.0 fetches every chain, set and object of every table (at 10k services most of a small
+    sync's time). A service chain's rules become one `add chain T C { … }` block, preceded by the
+    definitions of the named sets its rules use; elements are added as `add map T M { type …;
+    elements = { … }; }`. Both only ever name objects exactly as they exist (or are created in
+    this same transaction), so the kernel result is the same as the plain commands'. Base chains,
+    interval sets and deletions keep the plain form.
+    """
+    out = _ScriptWriter(model)
     for op in ops:
+        out.add(op)
+    return out.text()
+
+
+class _ScriptWriter:
+    def __init__(self, model: Ruleset | None) -> None:
+        self.model = model
+        self.lines: list[str] = []
+        self.head: str | None = None  # the open batch: a command head plus its items
+        self.items: list[str] = []
+        self.tail = ""
+        self.declared: set[tuple[str, str]] = set()
+
+    def add(self, op: Operation) -> None:
         if op.kind == "element":
             head, _, body = op.text.partition(" { ")
-            if head != batch_head or len(batch) >= 1000:
-                flush_batch()
-                batch_head = head
-            batch.append(body[:-2])
+            head, item, tail = head + " {", body[:-2], " }"
+            s = self._set(op) if op.action == "+" else None
+            if s is not None and "interval" not in s.flags and not s.dynamic:
+                t = op.name.rsplit(" ", 2)[0]
+                head, tail = f"add {s.kind} {t} {s.name} {s.definition()[:-1]}elements = {{", " }; }"
+                self.declared.add((t, s.name))
+            self._item(head, item, tail, _ELEMENT_BATCH)
+        elif op.kind == "rule" and op.action == "+" and (block := self._chain_block(op)) is not None:
+            head, rule = block
+            self._item(head, rule, _BLOCK_END, None)
         else:
-            flush_batch()
-            lines.append(op.text)
-    flush_batch()
-    return "\n".join(lines) + ("\n" if lines else "")
+            if op.kind in ("set", "map") and op.action == "+":
+                self.declared.add(tuple(op.name.split(f" {op.kind} ")))  # type: ignore[arg-type]
+            self._close()
+            self.lines.append(op.text)
+
+    def text(self) -> str:
+        self._close()
+        return "\n".join(self.lines) + ("\n" if self.lines else "")
+
+    def _item(self, head: str, item: str, tail: str, limit: int | None) -> None:
+        if head != self.head or (limit is not None and len(self.items) >= limit):
+            self._close()
+            self.head, self.tail = head, tail
+        self.items.append(item)
+
+    def _close(self) -> None:
+        if self.head is not None:
+            if self.tail == _BLOCK_END:
+                self.lines.append(self.head + "".join("\n\t" + rule for rule in self.items) + self.tail)
+            else:
+                self.lines.append(f"{self.head} {', '.join(self.items)}{self.tail}")
+        self.head, self.items = None, []
+
+    def _table(self, op: Operation) -> Table | None:
+        family, table = op.name.split(" ", 2)[:2]
+        return self.model.tables.get(f"{family} {table}") if self.model is not None else None
+
+    def _set(self, op: Operation) -> NftSet | None:
+        table = self._table(op)
+        return table.sets.get(op.name.rsplit(" ", 1)[1]) if table is not None else None
+
+    def _chain_block(self, op: Operation) -> tuple[str, str] | None:
+        """(`add chain T C {`, rule) for a rule of a regular chain whose sets the model defines."""
+        table = self._table(op)
+        if table is None:
+            return None
+        name = op.name.split(" chain ", 1)[1]
+        chain = table.chains.get(name)
+        prefix = f"add rule {table.ref} {name} "
+        if chain is None or chain.base is not None or not op.text.startswith(prefix):
+            return None
+        rule = op.text[len(prefix):]
+        refs = _SET_REF.findall(rule)
+        if any(r not in table.sets for r in refs):
+            return None
+        for r in refs:
+            if (table.ref, r) not in self.declared:  # before the block (a block may be split in two)
+                self._close()
+                self.declared.add((table.ref, r))
+                self.lines.append(_set_def(table, table.sets[r]))
+        return f"add chain {table.ref} {name} {{", rule
