@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
+import itertools
 import logging
 import operator
 import socket
@@ -14,7 +15,7 @@ from typing import Any, Iterable
 
 from .sources.objects import InputError, InputErrors, Path, SourceObject
 from .state import (
-    DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, ServicePort,
+    DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
     ServicePortFamily, TrafficPath,
 )
 from .topology import EndpointInfo, categorize_endpoints
@@ -28,6 +29,7 @@ DEFAULT_AFFINITY_TIMEOUT = 10800
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 _ADDRESS_TYPES = {"IPv4": "ipv4", "IPv6": "ipv6"}
 _NO_HINTS: frozenset[str] = frozenset()  # shared: every frozenset() call is a new 216-byte object
+_SERIALS = itertools.count(1)  # DesiredState.serial: which document a PortDelta is relative to
 
 
 @dataclass(frozen=True)
@@ -448,6 +450,7 @@ class BuildCache:
         self.health: dict[tuple[str, str], HealthCheck] = {}
         self.nodeports: dict[tuple[str, int], str] = {}
         self.families: dict[Family, FamilyOptions] = {}
+        self.serial: int | None = None  # of the last document built (see state.PortChanges)
         self.last_added: list[SourceObject] = []  # what the last successful build saw change
         self.last_removed: list[SourceObject] = []
 
@@ -566,13 +569,17 @@ class BuildCache:
         for obj in removed:
             self.warned.pop(id(obj), None)
         self.warned.update({i: p[1] for i, p in parsed.items() if p[1]})
+        gone: list[ServicePort] = []
+        made: list[ServicePort] = []
         for key, result in results.items():
             for sp in self.results.pop(key, ([], None))[0]:
+                gone.append(sp)
                 del self.ports[sp.id]
                 del self.sorted_ports[bisect.bisect_left(self.sorted_ports, sp.id, key=_port_id)]
             self.health.pop(key, None)
             if result is not None:
                 self.results[key] = result
+                made += result[0]
                 for sp in result[0]:
                     self.ports[sp.id] = sp
                     bisect.insort(self.sorted_ports, sp, key=_port_id)
@@ -588,8 +595,11 @@ class BuildCache:
         for w in self.warned.values():
             warnings.extend(w)
         health = sorted(self.health.values(), key=lambda h: h.service)
+        serial, since = next(_SERIALS), self.serial
+        self.serial = serial
         return DesiredState(node, opts.masquerade_all, families, tuple(self.sorted_ports),
-                            tuple(health), tuple(sorted(warnings)))
+                            tuple(health), tuple(sorted(warnings)), serial=serial,
+                            changes=PortDelta(since, tuple(gone), tuple(made)))
 
     def _check_nodeports(self, results: dict[tuple[str, str], Any]) -> dict[tuple[str, int], str]:
         """Two services on one nodePort would make the kernel state ambiguous: refuse."""

@@ -45,4 +45,4 @@ def after_sync(full: bool) -> None:
         gc.collect()
         gc.freeze()
     else:
-        gc.collect()
+        gc.collect(1)  # the young generations: what this sync made; older cycles wait for the next full sync

@@ -142,25 +142,46 @@ class PortChanges:
     """Which service ports changed between one DesiredState and the next, by identity.
 
     desired.BuildCache hands unchanged service ports back as the very same objects, so a port
-    that is not the same object is new or changed. `update` costs O(changes) in Python (plus one
-    C-level pass over the tuple): the run loop's renderers and gauges use it to follow the changes.
+    that is not the same object is new or changed. When the document carries the builder's own
+    delta from the document this tracker saw last (`DesiredState.changes`), that is the answer:
+    O(changes). Otherwise (the first document, or one built apart) every port is compared by
+    identity, at C speed.
     """
 
     def __init__(self) -> None:
         self._by_id: dict[int, ServicePort] = {}
+        self._serial: int | None = None
 
     def update(self, desired: DesiredState) -> tuple[list[ServicePort], list[ServicePort]]:
         """(ports gone or replaced, ports new or replacing) since the last update, sorted by id."""
-        old_by_id = self._by_id
-        new_by_id = desired.ports_by_identity
-        services = desired.services
+        by_port_id = operator.attrgetter("id")
+        last, self._serial = self._serial, desired.serial
+        if last is not None and desired.serial == last:
+            return [], []
+        delta = desired.changes
+        if delta is not None and last is not None and delta.since == last:
+            for sp in delta.gone:
+                del self._by_id[id(sp)]
+            self._by_id.update((id(sp), sp) for sp in delta.new)
+            return sorted(delta.gone, key=by_port_id), sorted(delta.new, key=by_port_id)
+        old_by_id, services = self._by_id, desired.services
+        new_by_id = dict(zip(map(id, services), services))
         gone = old_by_id.keys() - new_by_id.keys()
         added = new_by_id.keys() - old_by_id.keys()
         self._by_id = new_by_id
-        by_port_id = operator.attrgetter("id")
         return (sorted((old_by_id[i] for i in gone), key=by_port_id),
                 list(services) if len(added) == len(services) else
                 sorted((new_by_id[i] for i in added), key=by_port_id))
+
+
+@dataclass(frozen=True)
+class PortDelta:
+    """What a build changed: the ports it dropped or replaced and the ports it made, relative to
+    the document with serial `since` (None: not relative to anything)."""
+
+    since: int | None
+    gone: tuple[ServicePort, ...]
+    new: tuple[ServicePort, ...]
 
 
 def service_port_id(namespace: str, name: str, port_name: str, port: int, protocol: str) -> str:
@@ -214,14 +235,11 @@ class DesiredState:
     services: tuple[ServicePort, ...]
     healthChecks: tuple[HealthCheck, ...] = ()
     warnings: tuple[str, ...] = field(default=(), compare=False)
+    serial: int | None = field(default=None, compare=False)  # set by desired.BuildCache
+    changes: PortDelta | None = field(default=None, compare=False, repr=False)
 
     def by_id(self) -> dict[str, ServicePort]:
         return {s.id: s for s in self.services}
-
-    @cached_property
-    def ports_by_identity(self) -> dict[int, ServicePort]:
-        """id(port) -> port, made once per document (see PortChanges)."""
-        return dict(zip(map(id, self.services), self.services))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable
 
 from .manifests import SUFFIXES, LoadResult, duplicate_errors, load_file, manifest_files
 from .objects import InputError, SourceObject
@@ -79,6 +79,7 @@ class DirectorySource:
         self._thread: threading.Thread | None = None
         self._first = True
         self._files: set[str] | None = None  # manifest files as of the last snapshot
+        self._dirs: set[str] = set()  # the folders those are in (and were in since the last walk)
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
         self._unreleased: list[SourceObject] = []  # read since the last release_bodies()
         self._errors: dict[str, InputError] = {}  # per file, kept current as files are re-read
@@ -166,13 +167,17 @@ class DirectorySource:
                 continue  # hidden: never read (an editor's temporary file, a .git folder)
             if os.path.isdir(path):
                 return False
-            if not path.endswith(SUFFIXES):
-                # another file (an editor's temporary file, a README): irrelevant, unless it was a
-                # directory that is gone now
-                prefix = path + os.sep
-                if not os.path.exists(path) and any(f.startswith(prefix) for f in self._files):
-                    return False
+            if not path.endswith(SUFFIXES) and path in self._dirs and not os.path.exists(path):
+                return False  # a folder of manifests is gone (other files are irrelevant: a README,
+                # an editor's temporary file)
         return True
+
+    def _add_dirs(self, files: Iterable[str]) -> None:
+        for path in files:
+            folder = os.path.dirname(path)
+            while folder not in self._dirs and len(folder) > len(self.root):
+                self._dirs.add(folder)
+                folder = os.path.dirname(folder)
 
     def snapshot(self, objects: bool = True) -> Snapshot:
         """Bring the cache up to date (re-reading only added/modified files) and return it all
@@ -191,6 +196,7 @@ class DirectorySource:
             present = {p for p in check if os.path.isfile(p)}
             self._files |= present  # in place: O(changes)
             self._files -= check - present
+            self._add_dirs(present)
         else:
             try:
                 walked = manifest_files(self.root)
@@ -200,6 +206,8 @@ class DirectorySource:
                 return Snapshot(errors=[exc], changed=True, added_objects=[], removed_objects=[])
             check = None
             self._files = set(walked)
+            self._dirs = set()
+            self._add_dirs(walked)
         files = self._files
 
         def ordered() -> list[str]:

@@ -3,8 +3,10 @@ deltas, the renderer reusing untouched tables, directory snapshots reporting the
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -81,6 +83,35 @@ def test_port_changes_by_identity():
     assert [sp.id for sp in gone] == [sp.id for sp in new] == ["default/s3:http/TCP"]
     assert tracker.update(second) == ([], [])
 
+
+
+def test_port_changes_from_the_builders_delta_equal_an_identity_comparison():
+    rng = random.Random(11)
+    current = {i: svc_objects(i) for i in range(40)}
+    cache = BuildCache()
+    with_delta, by_identity = PortChanges(), PortChanges()
+    opts = OPTS
+    for step in range(30):
+        added, removed = [], []
+        for i in rng.sample(range(50), 3):
+            if i in current and rng.random() < 0.3:
+                removed += current.pop(i)
+            else:
+                removed += current.get(i, [])
+                current[i] = svc_objects(i, version=step + 1)
+                added += current[i]
+        if step == 12:
+            current[-1] = [node("node-a", zone="z1")]  # touches every service
+            added += current[-1]
+        if step == 20:
+            opts = BuildOptions("node-a", ("10.244.0.0/16", "fd00::/64"))  # the cache starts over
+        desired = cache.update(added, removed, opts)
+        assert desired.changes is not None and desired.changes.since == (None if step in (0, 20) else desired.serial - 1)
+        got = with_delta.update(desired)
+        want = by_identity.update(dataclasses.replace(desired, serial=None, changes=None))
+        assert [[id(sp) for sp in side] for side in got] == [[id(sp) for sp in side] for side in want]
+        if step == 5:
+            assert with_delta.update(desired) == ([], [])  # the same document again: nothing changed
 
 SVC = """apiVersion: v1
 kind: Service
@@ -183,3 +214,23 @@ def test_plan_reads_the_kernel_here_when_the_child_dies(tmp_path: Path, monkeypa
     monkeypatch.setattr(reconcile.threading, "active_count", lambda: 1)  # pytest may run threads
     planned = reconcile.plan_against_kernel(DyingChildBackend(), str(tmp_path), Options(node_name="node-a"))
     assert planned.observed_model == {"read": "in the parent"}
+
+
+def test_directory_snapshot_notices_a_removed_folder_but_not_a_renamed_temp_file(tmp_path: Path):
+    (tmp_path / "sub" / "deeper").mkdir(parents=True)
+    (tmp_path / "sub" / "deeper" / "a.yaml").write_text(SVC.format(name="a", ip="10.96.0.1"))
+    (tmp_path / "b.yaml").write_text(SVC.format(name="b", ip="10.96.0.2"))
+    src = DirectorySource(str(tmp_path))
+    src.snapshot(objects=False)
+    # an editor's `b.yaml.tmp`, renamed over b.yaml: only the files named are looked at
+    (tmp_path / "b.yaml").write_text(SVC.format(name="b", ip="10.96.0.3"))
+    dirty = {str(tmp_path / "b.yaml.tmp"), str(tmp_path / "b.yaml")}
+    assert src._only_files(dirty)
+    src._dirty |= dirty
+    assert [o.name for o in src.snapshot(objects=False).added_objects] == ["b"]
+    # a folder that held manifests is gone (its files' own events may never come): walk the tree
+    shutil.rmtree(tmp_path / "sub")
+    for gone in (tmp_path / "sub", tmp_path / "sub" / "deeper"):
+        assert not src._only_files({str(gone)})
+    src._dirty |= {str(tmp_path / "sub")}
+    assert [o.name for o in src.snapshot(objects=False).removed_objects] == ["a"]
