@@ -23,9 +23,10 @@ from .state import DesiredState
 log = logging.getLogger(__name__)
 
 
-def load_desired(source: str, options: Options) -> DesiredState:
-    """Read a manifest directory into the canonical document (raises InputError(s))."""
-    loaded = load_directory(source)
+def load_desired(source: str, options: Options, pool: Executor | None = None) -> DesiredState:
+    """Read a manifest directory into the canonical document (raises InputError(s)); a process
+    pool, when given, parses part of the files."""
+    loaded = load_directory(source, pool)
     desired = build_desired_state(loaded.objects, options.build_options())
     for w in (*loaded.warnings, *desired.warnings):
         log.warning("%s", w)
@@ -69,12 +70,12 @@ def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
     For a backend whose model pickles cheaply (observe_in = "process": both of ours) the read runs
     in a forked child: its `nft`/`iptables-save` children and the parsing of their output use the
     other core without waiting for this process's interpreter lock, and the model comes back
-    pickled (10k x 10 no-op plan, nftables 7.6 s -> 6.3 s, iptables 7.2 s -> 6.5 s). Otherwise a
-    thread does the read.
+    pickled (10k x 10 no-op plan, nftables 7.6 s -> 6.3 s, iptables 7.2 s -> 6.5 s). A second
+    child parses half of the manifests meanwhile. Otherwise a thread does the read.
     """
-    with _observer(backend) as observed:
+    with _workers(backend) as (observed, pool):
         try:
-            desired = load_desired(source, options)
+            desired = load_desired(source, options, pool)
         except BaseException:
             observed.cancel()
             raise
@@ -91,23 +92,27 @@ def _observe(backend: Any) -> Any:
 
 
 @contextmanager
-def _observer(backend: Any) -> Iterator[Future[Any]]:
-    """backend.observe() started now: in a forked child when the backend asks for it and this
-    process has no other thread yet (the one-shot commands have none), else in a thread."""
+def _workers(backend: Any) -> Iterator[tuple[Future[Any], Executor | None]]:
+    """backend.observe() started now, and the process pool it runs in (None: it runs in a thread).
+
+    Processes only when the backend asks for it and this process has no other thread yet (the
+    one-shot commands have none): forking a threaded process could inherit a held lock. The pool
+    forks both its workers before it starts its own thread.
+    """
     pool: Executor | None = None
-    # forking a threaded process could inherit a held lock; a model that pickles slowly is not worth it
     if getattr(backend, "observe_in", "thread") == "process" and threading.active_count() == 1:
         try:
-            pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+            pool = ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("fork"))
             future = pool.submit(_observe, backend)
         except (OSError, ValueError, RuntimeError) as exc:
             log.debug("observing in a thread: %s", exc)
             pool = None
+    processes = pool
     if pool is None:
         pool = ThreadPoolExecutor(max_workers=1)
         future = pool.submit(_observe, backend)
     try:
-        yield future
+        yield future, processes
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 

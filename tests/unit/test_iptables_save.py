@@ -457,3 +457,47 @@ def test_split_args_fast_path_agrees_with_the_character_loop():
         assert fast == slow, repr(text)
     line = '-A X -m comment --comment "ns/web:http cluster IP" -j DNAT --to-destination 10.0.0.1:80'
     assert save.split_args(line)[4:6] == ["--comment", "ns/web:http cluster IP"]
+
+
+def _fake_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """An `iptables-fake-save` on PATH that runs `script` (sh)."""
+    tool = tmp_path / "iptables-fake-save"
+    tool.write_text("#!/bin/sh\n" + script)
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_read_save_parses_the_tool_output_as_it_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.backends.iptables import kernel
+    from reconciler.backends.iptables.backend import parse_ours
+
+    _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n:RECONCILER-X - [0:0]\\n'
+                                      '-A RECONCILER-X -m comment --comment \\"a b\\" -j ACCEPT\\nCOMMIT\\n"\n')
+    seen = []
+
+    def parse(lines):
+        seen.append(type(lines))
+        return parse_ours(lines, "nat")
+
+    state = kernel.read_save("iptables", "fake", "nat", parse)
+    assert seen[0] is not str  # lines, not the whole text
+    assert [r.args for r in state.chains["RECONCILER-X"]] == [("-m", "comment", "--comment", "a b", "-j", "ACCEPT")]
+
+
+def test_read_save_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.backends.base import KernelError
+    from reconciler.backends.iptables import kernel
+    from reconciler.backends.iptables.backend import parse_ours
+
+    def parse(lines):
+        return parse_ours(lines, "nat")
+
+    _fake_save(tmp_path, monkeypatch, 'echo "iptables v1.8.9 (nf_tables): Table does not exist" >&2; exit 1\n')
+    assert kernel.read_save("iptables", "fake", "nat", parse).empty
+    # the tool dies mid-output: its error, not the parser's complaint about the cut-off text
+    _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n:RECONCILER-X - [0:0]\\n"; echo "out of memory" >&2; exit 4\n')
+    with pytest.raises(KernelError, match="out of memory"):
+        kernel.read_save("iptables", "fake", "nat", parse)
+    _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n-A RECONCILER-Y -j ACCEPT\\nCOMMIT\\n"\n')
+    with pytest.raises(ParseError, match="line 2: rule for undeclared chain"):
+        kernel.read_save("iptables", "fake", "nat", parse)

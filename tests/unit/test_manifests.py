@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from helpers import STATE_DIR
@@ -75,3 +76,73 @@ def test_duplicates_name_both_places(tmp_path):
     msg = str(exc.value)
     assert "duplicate Service default/web" in msg
     assert "one.yaml:1:1" in msg and "again.yaml:2:1" in msg
+
+
+def _many(root, n: int) -> None:
+    for i in range(n):
+        write(root, f"d{i % 3}/s{i:03d}.yaml", SVC.format(name=f"s{i}", n=i % 250 + 1, port=80 + i))
+    write(root, "d1/s040.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: s40\n")  # broken
+    write(root, "d2/j.json", json.dumps({"apiVersion": "v1", "kind": "Service",
+                                         "metadata": {"name": "j"}, "spec": {"clusterIP": "None"}}))
+    write(root, "d2/t.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: !!str t}\n")  # fast path declines
+
+
+def _loaded(root, pool=None):
+    try:
+        result = load_directory(root, pool)
+    except InputErrors as exc:
+        return [str(e) for e in exc.errors]
+    return [(o.kind, o.namespace, o.name, o.body, str(o.where(("spec", "ports", 0, "port")))) for o in result.objects]
+
+
+def test_parsing_in_worker_processes_gives_what_parsing_here_gives(tmp_path, monkeypatch):
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from reconciler.sources import manifests
+
+    monkeypatch.setattr(manifests, "PARALLEL_MIN_FILES", 8)
+    monkeypatch.setattr(manifests, "PARALLEL_CHUNK", 7)
+    _many(tmp_path, 60)
+    here = _loaded(tmp_path)
+    assert len(here) == 1 and "s040.yaml:4:1: invalid YAML" in here[0]  # the broken file, by line
+    os.remove(tmp_path / "d1" / "s040.yaml")
+    here = _loaded(tmp_path)
+    assert len(here) == 61 and ":10:" in here[0][4]  # spec.ports[0].port is on line 10
+    given = []
+    real = manifests.load_file
+
+    def recording(path, docs=None):
+        given.append(docs is not None)
+        if len(given) <= 30:
+            time.sleep(0.005)  # the workers start their chunks meanwhile
+        return real(path, docs)
+
+    monkeypatch.setattr(manifests, "load_file", recording)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        pool.submit(os.getpid).result()  # the workers are up
+        assert _loaded(tmp_path, pool) == here
+    assert not any(given[:len(given) // 2]) and any(given)  # part of the second half: parsed by a worker
+    _many(tmp_path, 60)  # the broken file again: its error comes out the same
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        errors = _loaded(tmp_path, pool)
+    assert len(errors) == 1 and "s040.yaml:4:1: invalid YAML" in errors[0]
+
+
+def test_parsing_falls_back_here_when_the_workers_fail(tmp_path, monkeypatch):
+    from concurrent.futures import Future
+
+    from reconciler.sources import manifests
+
+    class Dead:
+        def submit(self, *args):
+            f: Future = Future()
+            f.set_running_or_notify_cancel()
+            f.set_exception(RuntimeError("worker died"))
+            return f
+
+    monkeypatch.setattr(manifests, "PARALLEL_MIN_FILES", 8)
+    monkeypatch.setattr(manifests, "PARALLEL_CHUNK", 7)
+    _many(tmp_path, 30)
+    os.remove(tmp_path / "d1" / "s040.yaml")
+    assert _loaded(tmp_path, Dead()) == _loaded(tmp_path)

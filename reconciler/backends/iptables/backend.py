@@ -53,7 +53,7 @@ class IptablesBackend:
 
         def read(item: tuple[str, str, str]) -> TableState:
             _, cmd, table = item
-            return parse_ours(kernel.save(cmd, flavour, table), table)
+            return kernel.read_save(cmd, flavour, table, lambda lines: parse_ours(lines, table))
 
         families: dict[str, dict[str, TableState]] = {}
         with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
@@ -103,10 +103,9 @@ def _service_chains(chains: dict[str, tuple[Rule, ...]], only: set[str] | None
     return out
 
 
-def parse_ours(text: str, table: str) -> TableState:
-    """Our chains and our jumps from one table of iptables-save output (other tables ignored)."""
-    if not text.strip():
-        return TableState()
+def parse_ours(text: str | Iterable[str], table: str) -> TableState:
+    """Our chains and our jumps from one table of iptables-save output, or its lines as they are
+    read (other tables ignored)."""
     rs = parse_save(text)
     if table not in rs:
         return TableState()

@@ -14,11 +14,14 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
+from typing import Callable, Iterator, TypeVar
 
 from ..base import KernelError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 FLAVOURS = ("nft", "legacy")
 FLAVOUR_ENV = "RECONCILER_IPTABLES_FLAVOUR"
@@ -65,14 +68,33 @@ def detect_flavour() -> str:
     return "nft"
 
 
-def save(cmd: str, flavour: str, table: str) -> str:
-    """`<cmd>-<flavour>-save -t TABLE` output ('' when the table does not exist)."""
-    proc = _run([binary(cmd, flavour, "save"), "-t", table])
+def read_save(cmd: str, flavour: str, table: str, parse: Callable[[Iterator[str]], T]) -> T:
+    """parse(lines of `<cmd>-<flavour>-save -t TABLE`) while the tool still writes them: the
+    output is never whole in memory (10k services: 24 MB of text). No lines when the table
+    does not exist; KernelError when the tool fails (whatever parse made of its output)."""
+    argv = [binary(cmd, flavour, "save"), "-t", table]
+    with tempfile.TemporaryFile("w+") as err:
+        try:
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
+        except OSError as exc:
+            raise KernelError(f"{argv[0]}: {exc}") from None
+        assert proc.stdout is not None
+        with proc:
+            try:
+                result: T | None = parse(proc.stdout)
+                failure: Exception | None = None
+            except Exception as exc:  # noqa: BLE001 - reported below unless the tool itself failed
+                result, failure = None, exc
+            proc.stdout.read()  # whatever parse left (it stops early on an error)
+        err.seek(0)
+        stderr = err.read()
     if proc.returncode != 0:
-        if any(m in proc.stderr for m in _MISSING_TABLE):
-            return ""
-        raise KernelError(f"{cmd}-{flavour}-save -t {table}: {proc.stderr.strip()}")
-    return proc.stdout
+        if any(m in stderr for m in _MISSING_TABLE):
+            return parse(iter(()))
+        raise KernelError(f"{cmd}-{flavour}-save -t {table}: {stderr.strip()}")
+    if failure is not None:
+        raise failure
+    return result  # type: ignore[return-value]
 
 
 def restore(cmd: str, flavour: str, text: str) -> float:

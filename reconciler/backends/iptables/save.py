@@ -344,8 +344,9 @@ class Ruleset:
 # --------------------------------------------------------------------------- parse
 
 
-def parse_save(text: str) -> Ruleset:
-    """Parse ``iptables-save`` / ``ip6tables-save`` output (with or without ``-c``).
+def parse_save(text: str | Iterable[str]) -> Ruleset:
+    """Parse ``iptables-save`` / ``ip6tables-save`` output (with or without ``-c``): the text, or
+    its lines as they are read (then the text is never whole in memory).
 
     Besides save output this accepts the ``-F CHAIN`` lines :func:`render_restore`
     emits for built-in chains (they empty that chain).  Raises :class:`ParseError`.
@@ -353,8 +354,8 @@ def parse_save(text: str) -> Ruleset:
     rs = Ruleset()
     table: Table | None = None
     table_line = 0
-    for lineno, raw in enumerate(text.split("\n"), 1):
-        line = raw.strip(" \t")
+    for lineno, raw in enumerate(text.split("\n") if isinstance(text, str) else text, 1):
+        line = raw.strip(" \t\n")
         if not line or line.startswith("#"):
             continue
         if line.startswith("*"):
