@@ -569,11 +569,11 @@ class BuildCache:
         for obj in removed:
             self.warned.pop(id(obj), None)
         self.warned.update({i: p[1] for i, p in parsed.items() if p[1]})
-        gone: list[ServicePort] = []
+        gone: list[int] = []
         made: list[ServicePort] = []
         for key, result in results.items():
             for sp in self.results.pop(key, ([], None))[0]:
-                gone.append(sp)
+                gone.append(id(sp))
                 del self.ports[sp.id]
                 del self.sorted_ports[bisect.bisect_left(self.sorted_ports, sp.id, key=_port_id)]
             self.health.pop(key, None)

@@ -155,32 +155,34 @@ class PortChanges:
     def update(self, desired: DesiredState) -> tuple[list[ServicePort], list[ServicePort]]:
         """(ports gone or replaced, ports new or replacing) since the last update, sorted by id."""
         by_port_id = operator.attrgetter("id")
-        last, self._serial = self._serial, desired.serial
+        last, self._serial = self._serial, None  # set again once the update is complete
         if last is not None and desired.serial == last:
+            self._serial = last
             return [], []
-        delta = desired.changes
-        if delta is not None and last is not None and delta.since == last:
-            for sp in delta.gone:
-                del self._by_id[id(sp)]
-            self._by_id.update((id(sp), sp) for sp in delta.new)
-            return sorted(delta.gone, key=by_port_id), sorted(delta.new, key=by_port_id)
-        old_by_id, services = self._by_id, desired.services
+        delta, old_by_id = desired.changes, self._by_id
+        if delta is not None and last is not None and delta.since == last and all(i in old_by_id for i in delta.gone):
+            gone = [old_by_id.pop(i) for i in delta.gone]
+            old_by_id.update((id(sp), sp) for sp in delta.new)
+            self._serial = desired.serial
+            return sorted(gone, key=by_port_id), sorted(delta.new, key=by_port_id)
+        services = desired.services
         new_by_id = dict(zip(map(id, services), services))
-        gone = old_by_id.keys() - new_by_id.keys()
+        gone_ids = old_by_id.keys() - new_by_id.keys()
         added = new_by_id.keys() - old_by_id.keys()
-        self._by_id = new_by_id
-        return (sorted((old_by_id[i] for i in gone), key=by_port_id),
+        self._by_id, self._serial = new_by_id, desired.serial
+        return (sorted((old_by_id[i] for i in gone_ids), key=by_port_id),
                 list(services) if len(added) == len(services) else
                 sorted((new_by_id[i] for i in added), key=by_port_id))
 
 
 @dataclass(frozen=True)
 class PortDelta:
-    """What a build changed: the ports it dropped or replaced and the ports it made, relative to
-    the document with serial `since` (None: not relative to anything)."""
+    """What a build changed, relative to the document with serial `since` (None: to nothing):
+    the ports it made, and the identities (id()) of those it dropped or replaced (not the ports:
+    a document must not keep its predecessor's ports alive)."""
 
     since: int | None
-    gone: tuple[ServicePort, ...]
+    gone: tuple[int, ...]
     new: tuple[ServicePort, ...]
 
 

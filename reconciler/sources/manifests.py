@@ -120,8 +120,8 @@ def parse_files(paths: list[str], background: bool = False) -> list[list[Any] | 
     """Each file's documents as plain data, or None where that failed (load_file then reads the
     file again and reports the error). Runs in a worker process: everything it returns pickles.
     `background`: at a lower CPU priority (the worker then only takes an idle core)."""
-    if background:
-        os.nice(10)
+    if background and os.getpriority(os.PRIO_PROCESS, 0) < 10:
+        os.setpriority(os.PRIO_PROCESS, 0, 10)
     out: list[list[Any] | None] = []
     for path in paths:
         try:
@@ -210,9 +210,10 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
 
     With `pool` (the one-shot commands' process pool, see reconcile.plan_against_kernel) and many
     files, the pool's idle workers parse the second half of the files, chunk by chunk from the
-    end and at a lower priority, while this process parses from the start and takes over every
-    chunk no worker has begun. YAML parsing is most of the time (10k files: ~2.6 s on one core);
-    the lower priority keeps a busy worker (one reading the kernel) the first in line.
+    end and at a lower priority, while this process parses from the start and itself parses every
+    chunk not done by the time it gets there (it never waits). YAML parsing is most of the time
+    (10k files: ~2.6 s on one core); the lower priority keeps a busy worker (one reading the
+    kernel) the first in line.
     """
     result = LoadResult()
     errors: list[InputError] = []
@@ -225,11 +226,10 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     for i, path in enumerate(files):
         if i in chunks:
             parsed = {}
-            if not chunks[i].cancel():  # begun or done: its result (cancelled: parsed here)
-                try:
-                    parsed = dict(zip(files[i:i + PARALLEL_CHUNK], chunks[i].result()))
-                except Exception as exc:  # noqa: BLE001 - the worker died: parse them here
-                    log.debug("parsing in a worker failed (%s); parsing here", exc)
+            if chunks[i].done() and not chunks[i].cancelled() and chunks[i].exception() is None:
+                parsed = dict(zip(files[i:i + PARALLEL_CHUNK], chunks[i].result()))
+            else:  # not done yet (or the worker died): parsed here rather than waited for
+                chunks[i].cancel()
         try:
             part = load_file(path, parsed.get(path))
         except InputError as exc:

@@ -165,11 +165,9 @@ class DirectorySource:
                 return False
             if any(part.startswith(".") for part in rel.split(os.sep)):
                 continue  # hidden: never read (an editor's temporary file, a .git folder)
-            if os.path.isdir(path):
-                return False
-            if not path.endswith(SUFFIXES) and path in self._dirs and not os.path.exists(path):
-                return False  # a folder of manifests is gone (other files are irrelevant: a README,
-                # an editor's temporary file)
+            if path in self._dirs or os.path.isdir(path):
+                return False  # a folder: new, or one that held manifests (gone, renamed, replaced);
+                # other files are irrelevant (a README, an editor's temporary file)
         return True
 
     def _add_dirs(self, files: Iterable[str]) -> None:

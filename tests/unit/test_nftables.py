@@ -7,6 +7,7 @@ import json
 import os
 
 import jsonschema
+import pytest
 from helpers import HTTP, REPO, STATE_DIR, build, endpoint, endpoint_slice, service
 
 from reconciler.backends.nftables.diff import diff, script
@@ -239,3 +240,28 @@ def test_nodeport_addresses_narrow_the_match():
     assert services(nodeport_cidrs=("172.30.0.0/24", "10.1.0.0/16"))[1].startswith(
         "ip daddr { 10.1.0.0/16, 172.30.0.0/24 } fib daddr type local ")
     assert len(services(nodeport_cidrs=("fd00::/64",))) == 1  # none for IPv4: no NodePort rule at all
+
+
+def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch):
+    from reconciler.backends.base import KernelError
+    from reconciler.backends.nftables import backend as nft_backend
+
+    b = nft_backend.NftablesBackend()
+    before = b.render(many_services(30))
+    ops = diff(b.render(many_services(30, changed=7)), before)
+    ran = []
+    failing = {"first": 1}
+
+    def run_script(text):
+        ran.append(text)
+        if len(ran) <= failing["first"]:
+            raise KernelError(f"nft -f failed (nothing was changed): attempt {len(ran)}")
+
+    monkeypatch.setattr(nft_backend.kernel, "run_script", run_script)
+    b.apply(ops)
+    assert ran == [b.script(ops), script(ops)] and ran[0] != ran[1]
+    ran.clear()
+    failing["first"] = 2
+    with pytest.raises(KernelError, match="attempt 2"):  # the plain form failed too: its error
+        b.apply(ops)
+    assert len(ran) == 2

@@ -70,7 +70,7 @@ def detect_flavour() -> str:
 
 def read_save(cmd: str, flavour: str, table: str, parse: Callable[[Iterator[str]], T]) -> T:
     """parse(lines of `<cmd>-<flavour>-save -t TABLE`) while the tool still writes them: the
-    output is never whole in memory (10k services: 24 MB of text). No lines when the table
+    output text is never whole in memory (10k services: 24 MB). No lines when the table
     does not exist; KernelError when the tool fails (whatever parse made of its output)."""
     argv = [binary(cmd, flavour, "save"), "-t", table]
     with tempfile.TemporaryFile("w+") as err:
@@ -85,13 +85,14 @@ def read_save(cmd: str, flavour: str, table: str, parse: Callable[[Iterator[str]
                 failure: Exception | None = None
             except Exception as exc:  # noqa: BLE001 - reported below unless the tool itself failed
                 result, failure = None, exc
-            proc.stdout.read()  # whatever parse left (it stops early on an error)
+            for _ in proc.stdout:  # whatever parse left (it stops early on an error)
+                pass
         err.seek(0)
         stderr = err.read()
     if proc.returncode != 0:
         if any(m in stderr for m in _MISSING_TABLE):
             return parse(iter(()))
-        raise KernelError(f"{cmd}-{flavour}-save -t {table}: {stderr.strip()}")
+        raise KernelError(f"{cmd}-{flavour}-save -t {table} exited {proc.returncode}: {stderr.strip()}")
     if failure is not None:
         raise failure
     return result  # type: ignore[return-value]

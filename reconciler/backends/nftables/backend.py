@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from ...state import DesiredState
-from ..base import Operation
+from ..base import KernelError, Operation
 from . import kernel
 from .diff import diff, owner, script
 from .objects import TABLE, Ruleset
 from .observe import each_table, observe
 from .render import Renderer, shard_of, shard_table_name
+
+log = logging.getLogger(__name__)
 
 _SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodeports": "nodePort ",
                  "no-endpoint-nodeports": "nodePort "}
@@ -49,7 +52,17 @@ class NftablesBackend:
         return ops + diff(Ruleset(missing), Ruleset())
 
     def apply(self, operations: list[Operation]) -> None:
-        kernel.run_script(self.script(operations))
+        light = self.script(operations)
+        try:
+            kernel.run_script(light)
+        except KernelError as exc:
+            plain = script(operations)
+            if plain == light:
+                raise
+            # the kernel refused a set as script() restated it (one made by something else, or
+            # another nft version): nothing was changed, so the plain commands may try
+            log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
+            kernel.run_script(plain)
 
     def script(self, operations: list[Operation]) -> str:
         """The transaction text; the operations are those planned from the last render."""

@@ -131,7 +131,6 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
 
 _SET_REF = re.compile(r"@([^\s,{}]+)")
 _ELEMENT_BATCH = 1000
-_BLOCK_END = "\n}"
 
 
 def script(ops: list[Operation], model: Ruleset | None = None) -> str:
@@ -160,6 +159,7 @@ class _ScriptWriter:
         self.head: str | None = None  # the open batch: a command head plus its items
         self.items: list[str] = []
         self.tail = ""
+        self.block = False  # the batch is a chain block (one rule per line), else a list
         self.declared: set[tuple[str, str]] = set()
 
     def add(self, op: Operation) -> None:
@@ -169,12 +169,12 @@ class _ScriptWriter:
             s = self._set(op) if op.action == "+" else None
             if s is not None and "interval" not in s.flags and not s.dynamic:
                 t = op.name.rsplit(" ", 2)[0]
-                head, tail = f"add {s.kind} {t} {s.name} {s.definition()[:-1]}elements = {{", " }; }"
+                head, tail = f"add {s.kind} {t} {s.name} {{ {s.properties()} elements = {{", " }; }"
                 self.declared.add((t, s.name))
             self._item(head, item, tail, _ELEMENT_BATCH)
         elif op.kind == "rule" and op.action == "+" and (block := self._chain_block(op)) is not None:
             head, rule = block
-            self._item(head, rule, _BLOCK_END, None)
+            self._item(head, rule, "\n}", None, block=True)
         else:
             if op.kind in ("set", "map") and op.action == "+":
                 self.declared.add(tuple(op.name.split(f" {op.kind} ")))  # type: ignore[arg-type]
@@ -185,15 +185,15 @@ class _ScriptWriter:
         self._close()
         return "\n".join(self.lines) + ("\n" if self.lines else "")
 
-    def _item(self, head: str, item: str, tail: str, limit: int | None) -> None:
+    def _item(self, head: str, item: str, tail: str, limit: int | None, block: bool = False) -> None:
         if head != self.head or (limit is not None and len(self.items) >= limit):
             self._close()
-            self.head, self.tail = head, tail
+            self.head, self.tail, self.block = head, tail, block
         self.items.append(item)
 
     def _close(self) -> None:
         if self.head is not None:
-            if self.tail == _BLOCK_END:
+            if self.block:
                 self.lines.append(self.head + "".join("\n\t" + rule for rule in self.items) + self.tail)
             else:
                 self.lines.append(f"{self.head} {', '.join(self.items)}{self.tail}")

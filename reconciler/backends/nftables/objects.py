@@ -60,17 +60,18 @@ class NftSet:
         """Everything but the elements: when it differs, the object must be recreated."""
         return (self.key_type, self.value_type, tuple(sorted(self.flags)), self.timeout)
 
-    def definition(self, elements: list[str] | None = None) -> str:
-        """`{ type …; flags …; }`, with `elements = { … }` when given."""
-        typ = f"type {self.key_type}" + (f" : {self.value_type}" if self.value_type else "")
-        parts = [typ]
+    def definition(self) -> str:
+        """`{ type …; flags …; }`"""
+        return "{ " + self.properties() + " }"
+
+    def properties(self) -> str:
+        """`type …; flags …;`: what a definition block holds besides elements."""
+        parts = [f"type {self.key_type}" + (f" : {self.value_type}" if self.value_type else "")]
         if self.flags:
             parts.append("flags " + ",".join(self.flags))
         if self.timeout is not None:
             parts.append(f"timeout {self.timeout}s")
-        if elements:
-            parts.append("elements = { " + ", ".join(elements) + " }")
-        return "{ " + "; ".join(parts) + "; }"
+        return "; ".join(parts) + ";"
 
 
 def element_text(key: str, value: str | None, comment: str | None) -> str:
