@@ -1,10 +1,9 @@
 """The only place that talks to nftables: read our tables as JSON, run one atomic transaction.
 
 Transactions go through `nft -f`, except small ones (the run loop's incremental syncs), which
-go through libnftables in this process: no process start, and a context that lives as long as
-the process keeps nft's cache of the ruleset warm (10k services: one endpoint change ~45 ms with
-`nft -f`, ~22 ms in-process). Big transactions keep using `nft -f`: whatever memory nft needs to
-parse them goes away with the process. Reads run `nft -j` children, several at once.
+go through libnftables in this process: no process start (see diff.script for how their text
+spares nft a read of the whole ruleset). Big transactions keep using `nft -f`: whatever memory
+nft needs to parse them goes away with the process. Reads run `nft -j` children, several at once.
 """
 
 from __future__ import annotations
