@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import netns
+
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,11 +31,9 @@ _seq = itertools.count()
 
 
 def _skip_reason() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (creates network namespaces)"
-    for tool in ("ip", "iptables-nft-save", "iptables-legacy-save", "nft"):
-        if shutil.which(tool) is None:
-            return f"needs `{tool}` on PATH"
+    reason = netns.skip_reason("iptables-nft-save", "iptables-legacy-save", "nft")
+    if reason:
+        return reason
     if not os.access(RECONCILER, os.X_OK):
         return f"{RECONCILER} missing (install the package into .venv)"
     return None
@@ -77,16 +77,8 @@ def ns() -> Iterator[Netns]:
     reason = _skip_reason()
     if reason:
         pytest.skip(reason)
-    name = f"ipt-e2e-{os.getpid()}-{next(_seq)}"
-    run(["ip", "netns", "add", name])
-    try:
-        run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"])
+    with netns.throwaway(f"ipt-e2e-{os.getpid()}-{next(_seq)}") as name:
         yield Netns(name)
-    finally:
-        for pid in run(["ip", "netns", "pids", name], check=False).stdout.split():
-            run(["kill", "-9", pid], check=False)
-        run(["ip", "netns", "del", name], check=False)
-        assert name not in run(["ip", "netns", "list"]).stdout.split()
 
 
 def our_lines(text: str) -> list[str]:

@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from tests import netns as throwaway_netns
 from tests.fakeapi import FakeAPIServer, endpoint_slice as api_slice, node as api_node, service as api_service  # noqa: E402,I001
 
 SYNC, MIN_SYNC = 30.0, 1.0
@@ -628,34 +629,13 @@ def test_text_log_lines() -> None:
 CLONE_NEWNET = 0x40000000
 
 
-def _need_netns() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespace)"
-    for tool in ("ip", "nft"):
-        if shutil.which(tool) is None:
-            return f"needs {tool}"
-    return None
-
-
 @pytest.fixture
 def netns() -> Iterator[str]:
-    reason = _need_netns()
+    reason = throwaway_netns.skip_reason("nft")
     if reason:
         pytest.skip(reason)
-    name = f"srdaemon{os.getpid()}"
-    subprocess.run(["ip", "netns", "del", name], capture_output=True)
-    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=10)
+    with throwaway_netns.throwaway(f"srdaemon{os.getpid()}") as name:
         yield name
-    finally:
-        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
 
 
 def start_in_netns(ns: str, start: Callable[[], Any]) -> Any:
