@@ -64,9 +64,12 @@ def state(eps, extra=(), affinity=("b", "d"), gone=()):
         if name in affinity:
             spec["sessionAffinity"] = "ClientIP"
         ports = [dict(HTTP[0], nodePort=30080)] if name == "c" else HTTP
-        objs.append(service(name, f"10.96.0.{10 + i}", ports, **spec))
+        objs.append(service(name, f"10.96.0.{10 + i}", ports, clusterIPs=[f"10.96.0.{10 + i}", f"fd00:96::{10 + i}"],
+                            ipFamilyPolicy="RequireDualStack", **spec))
         objs.append(endpoint_slice(name, [endpoint(f"10.244.{i}.{k}") for k in eps.get(name, (1, 2))]))
-    return build(objs, cluster_cidrs=("10.244.0.0/16",), service_cidrs=("10.96.0.0/16",))
+        objs.append(endpoint_slice(name, [endpoint(f"fd00:244:{i}::{k}") for k in eps.get(name, (1, 2))],
+                                   family="IPv6"))
+    return build(objs, cluster_cidrs=("10.244.0.0/16", "fd00:244::/48"), service_cidrs=("10.96.0.0/16", "fd00:96::/64"))
 
 steps = [
     state({"a": (1, 2, 3)}),                                   # cold
@@ -100,6 +103,7 @@ def test_small_syncs_written_without_plain_rule_and_element_adds_converge(lab):
     assert [s["left"] for s in steps] == [[]] * 5
     for step in steps[1:4]:
         lines = step["script"].splitlines()
-        assert any(line.startswith("add chain ip reconciler-") and line.endswith("{") for line in lines)
-        assert not [line for line in lines if line.startswith("add rule ip reconciler-")], step["script"]
+        for family in ("ip", "ip6"):
+            assert any(line.startswith(f"add chain {family} reconciler-") and line.endswith("{") for line in lines)
+            assert not [line for line in lines if line.startswith(f"add rule {family} reconciler-")], step["script"]
         assert not [line for line in lines if line.startswith("add element")], step["script"]
