@@ -419,10 +419,42 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
     block = ServicePortFamily(
         family=family, clusterIP=svc.cluster_ips[family], internal=internal, external=external,
         externalIPs=ext_ips, loadBalancerIPs=lb_ips,
-        loadBalancerSourceRanges=svc.source_ranges.get(family, ()) if lb_ips else (),
+        loadBalancerSourceRanges=_source_ranges(svc.source_ranges.get(family, ()), lb_ips, node, family),
         hairpinEndpoints=tuple(sorted(hairpin, key=lambda e: (_ip_key(e.ip), e.port))),
     )
     return block, len({e.ip for e in cat.local if e.ready})
+
+
+def _source_ranges(ranges: tuple[str, ...], lb_ips: tuple[str, ...], node: NodeInfo, family: Family
+                   ) -> tuple[str, ...]:
+    """The sources allowed to reach the LB IPs, merged (nft refuses overlapping intervals).
+
+    As kube-proxy does: when this node's IP is inside a range, the LB IPs themselves are allowed
+    too. A VIP-like load balancer often has its IP routed to the nodes as a local address, so a
+    request from the node to it never leaves and arrives with the LB IP as its source.
+    """
+    if not ranges or not lb_ips:
+        return ()
+    nets = [ipaddress.ip_network(r) for r in ranges]
+    node_ip = next((a for a in node.addresses if ip_family(a) == family), None)
+    if node_ip is not None and any(ipaddress.ip_address(node_ip) in n for n in nets):
+        nets += [ipaddress.ip_network(ip) for ip in lb_ips]
+    return tuple(str(n) for n in ipaddress.collapse_addresses(nets))  # type: ignore[arg-type]
+
+
+def _node_ips(body: dict[str, Any]) -> tuple[str, ...]:
+    """This node's IP per family (IPv4 first), as kube-proxy picks it from a Node's
+    status.addresses: the first InternalIP of the family, else its first ExternalIP. Entries that
+    are not addresses are skipped."""
+    status = body.get("status")
+    addresses = status.get("addresses") if isinstance(status, dict) else None
+    found: dict[Family, str] = {}
+    for kind in ("InternalIP", "ExternalIP"):
+        for a in addresses if isinstance(addresses, list) else ():
+            ip = normalize_ip(a.get("address")) if isinstance(a, dict) and a.get("type") == kind else None
+            if ip is not None:
+                found.setdefault(ip_family(ip), ip)
+    return tuple(found[f] for f in ("ipv4", "ipv6") if f in found)
 
 
 _port_id = operator.attrgetter("id")
@@ -507,7 +539,8 @@ class BuildCache:
         labels = dict(opts.node_labels)
         if node_obj is not None:
             labels.update({str(k): str(v) for k, v in (node_obj.body.get("metadata", {}).get("labels") or {}).items()})
-        node = NodeInfo(opts.node_name, labels.get(ZONE_LABEL) or None)
+        node = NodeInfo(opts.node_name, labels.get(ZONE_LABEL) or None,
+                        _node_ips(node_obj.body) if node_obj is not None else ())
         services = dict(self.services)
         slices: dict[tuple[str, str], dict[int, tuple[SourceObject, _Slice]]] = {}  # copies of changed entries
 

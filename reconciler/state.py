@@ -206,11 +206,15 @@ class HealthCheck:
 class NodeInfo:
     name: str
     zone: str | None = None
+    # this node's IP per family, as kube-proxy finds it on the Node: the first InternalIP, else ExternalIP
+    addresses: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name}
         if self.zone:
             d["zone"] = self.zone
+        if self.addresses:
+            d["addresses"] = list(self.addresses)
         return d
 
 

@@ -49,9 +49,12 @@ def eps(name: str, pods: Sequence[str], family: int = 4, ports: Sequence[tuple[s
             "ports": [{"name": n, "port": p, "protocol": pr} for n, p, pr in ports], "endpoints": endpoints}
 
 
-def node_object(zone: str = "zone-a") -> dict:
-    return {"apiVersion": "v1", "kind": "Node",
+def node_object(zone: str = "zone-a", addresses: Sequence[str] = ()) -> dict:
+    node = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": "node-a", "labels": {"topology.kubernetes.io/zone": zone}}}
+    if addresses:
+        node["status"] = {"addresses": [{"type": "InternalIP", "address": a} for a in addresses]}
+    return node
 
 
 def write_state(directory: str, docs: list[dict]) -> None:

@@ -30,7 +30,7 @@ GONE = {"ready": False, "serving": False, "terminating": True}
 
 def docs(udp_pod: str = "pod1") -> list[dict]:
     return [
-        node_object("zone-a"),
+        node_object("zone-a", addresses=(ADDR["node"][4], ADDR["node"][6])),
         # ETP Local with a local endpoint (pod1) and a remote one (pod3), dual-stack.
         svc("etp-local", ["10.96.1.10", "fd00:96::1:10"], http(31001), type="LoadBalancer",
             externalTrafficPolicy="Local", healthCheckNodePort=32001, externalIPs=["172.30.1.51"],
@@ -49,6 +49,11 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         svc("ranges", ["10.96.1.50"], http(31003), type="LoadBalancer", status=lb("172.30.1.13"),
             loadBalancerSourceRanges=["172.30.0.100/32"]),
         eps("ranges", ["pod1", "pod2"]),
+        # The node's IP (172.30.0.2) is inside the (overlapping) ranges: its LB IP, routed to the
+        # node as a local address, may then be the source too (kube-proxy's "allowFromNode").
+        svc("ranges-node", ["10.96.1.51"], HTTP, type="LoadBalancer", status=lb("172.30.1.14"),
+            loadBalancerSourceRanges=["172.30.0.0/30", "172.30.0.2/32"]),
+        eps("ranges-node", ["pod1", "pod2"]),
         # Topology: zone hints usable (all have them, one for zone-a) / unusable (one lacks hints).
         svc("zoned", ["10.96.1.60"], HTTP, trafficDistribution="PreferClose"),
         eps("zoned", ["pod2", "pod3"], hints={"pod2": ["zone-a"], "pod3": ["zone-b"]}),
@@ -138,6 +143,20 @@ def test_load_balancer_source_ranges(lab, applied):
     assert outcomes(allowed) == {"ok": 5}
     assert outcomes(blocked) == {"timeout": 2}
     assert outcomes(nodeport) == {"ok": 5}
+
+
+def test_load_balancer_ip_is_an_allowed_source_when_the_node_is_in_range(lab, applied):
+    lab.add_node_address("172.30.1.14")  # the LB IP as a local address: node traffic to it has it as source
+    try:
+        from_node, blocked = concurrently([
+            lambda: lab.tcp("node", "172.30.1.14", 80, count=5),
+            lambda: lab.tcp("ext1", "172.30.1.14", 80, count=2, timeout=1.0),  # .100: outside the ranges
+        ])
+    finally:
+        lab.del_node_address("172.30.1.14")
+    assert outcomes(from_node) == {"ok": 5}
+    assert set(servers(from_node)) <= {"pod1", "pod2"}
+    assert outcomes(blocked) == {"timeout": 2}
 
 
 def test_topology_hints(lab, applied):

@@ -108,6 +108,44 @@ def test_topology_uses_node_zone_label():
     assert len(blk.internal.endpoints) == 2
 
 
+def _lb(ranges, node_addresses=None, lb_ips=("172.30.1.13", "fd00:30::1:13")):
+    svc = service("lb", "10.96.0.1", HTTP, type="LoadBalancer", loadBalancerSourceRanges=list(ranges))
+    svc.body["status"] = {"loadBalancer": {"ingress": [{"ip": ip} for ip in lb_ips]}}
+    objs = [svc, endpoint_slice("lb", [endpoint("10.244.1.5")])]
+    if node_addresses is not None:
+        n = node()
+        n.body["status"] = {"addresses": node_addresses}
+        objs.append(n)
+    state = build(objs)
+    import jsonschema
+    with open(os.path.join(os.path.dirname(STATE_DIR), "schemas", "desired-state.schema.json")) as fh:
+        jsonschema.validate(state.to_dict(), json.load(fh))
+    return only(state, "default/lb:http/TCP").family("ipv4")
+
+
+def test_source_ranges_are_merged():
+    # nft refuses overlapping intervals in one set: 10.1.0.0/16 inside 10.0.0.0/8 must not reach it
+    blk = _lb(["10.1.0.0/16", "10.0.0.0/8", "192.168.0.0/25", "192.168.0.128/25"])
+    assert blk.loadBalancerSourceRanges == ("10.0.0.0/8", "192.168.0.0/24")
+
+
+def test_lb_ips_are_allowed_sources_when_the_node_is_inside_a_range():
+    internal = [{"type": "Hostname", "address": "node-a"}, {"type": "ExternalIP", "address": "203.0.113.9"},
+                {"type": "InternalIP", "address": "not-an-ip"}, {"type": "InternalIP", "address": "172.30.0.2"}]
+    assert _lb(["172.30.0.0/24"], internal).loadBalancerSourceRanges == ("172.30.0.0/24", "172.30.1.13/32")
+    # the node is outside every range: only the ranges
+    assert _lb(["198.51.100.0/24"], internal).loadBalancerSourceRanges == ("198.51.100.0/24",)
+    # an ExternalIP counts only when the family has no InternalIP
+    external = [{"type": "ExternalIP", "address": "203.0.113.9"}]
+    assert _lb(["203.0.113.0/24"], external).loadBalancerSourceRanges == ("172.30.1.13/32", "203.0.113.0/24")
+    assert _lb(["203.0.113.0/24"], internal).loadBalancerSourceRanges == ("203.0.113.0/24",)
+    dual = [{"type": "InternalIP", "address": "fd00:30::2"}, {"type": "InternalIP", "address": "172.30.0.2"}]
+    assert _lb(["172.30.0.0/24"], dual).loadBalancerSourceRanges == ("172.30.0.0/24", "172.30.1.13/32")
+    # no Node addresses known: nothing added; an LB IP inside a range is merged into it
+    assert _lb(["172.30.0.0/24"]).loadBalancerSourceRanges == ("172.30.0.0/24",)
+    assert _lb(["172.30.0.0/16"], internal).loadBalancerSourceRanges == ("172.30.0.0/16",)
+
+
 def test_document_is_deterministic_whatever_the_file_order(tmp_path):
     opts = BuildOptions("node-a", ("10.244.0.0/16",))
     first = json.dumps(build_desired_state(load_directory(STATE_DIR).objects, opts).to_dict())
