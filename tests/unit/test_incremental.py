@@ -28,20 +28,27 @@ def svc_objects(i: int, version: int = 0) -> list:
             endpoint_slice(f"s{i}", eps)]
 
 
+def random_edits(rng: random.Random, current: dict, ids: range, n: int, version: int) -> tuple[list, list]:
+    """Remove (30%) or add/replace n random services of `current` in place: (added, removed) objects."""
+    added: list = []
+    removed: list = []
+    for i in rng.sample(ids, n):
+        if i in current and rng.random() < 0.3:
+            removed += current.pop(i)
+        else:
+            removed += current.get(i, [])
+            current[i] = svc_objects(i, version=version)
+            added += current[i]
+    return added, removed
+
+
 def test_build_cache_fed_deltas_equals_a_fresh_build():
     rng = random.Random(7)
     current = {i: svc_objects(i) for i in range(60)}
     cache = BuildCache()
     cache.update([o for objs in current.values() for o in objs], [], OPTS)
     for step in range(25):
-        added, removed = [], []
-        for i in rng.sample(range(80), 4):
-            if i in current and rng.random() < 0.3:
-                removed += current.pop(i)
-            else:
-                removed += current.get(i, [])
-                current[i] = svc_objects(i, version=step + 1)
-                added += current[i]
+        added, removed = random_edits(rng, current, range(80), 4, version=step + 1)
         if step == 10:  # the Node arrives: every service's topology is looked at again
             current[-1] = [node("node-a", zone="z1")]
             added += current[-1]
@@ -84,7 +91,6 @@ def test_port_changes_by_identity():
     assert tracker.update(second) == ([], [])
 
 
-
 def test_port_changes_from_the_builders_delta_equal_an_identity_comparison():
     rng = random.Random(11)
     current = {i: svc_objects(i) for i in range(40)}
@@ -92,14 +98,7 @@ def test_port_changes_from_the_builders_delta_equal_an_identity_comparison():
     with_delta, by_identity = PortChanges(), PortChanges()
     opts = OPTS
     for step in range(30):
-        added, removed = [], []
-        for i in rng.sample(range(50), 3):
-            if i in current and rng.random() < 0.3:
-                removed += current.pop(i)
-            else:
-                removed += current.get(i, [])
-                current[i] = svc_objects(i, version=step + 1)
-                added += current[i]
+        added, removed = random_edits(rng, current, range(50), 3, version=step + 1)
         if step == 12:
             current[-1] = [node("node-a", zone="z1")]  # touches every service
             added += current[-1]
