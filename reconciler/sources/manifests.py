@@ -125,12 +125,7 @@ def parse_files(paths: list[str], background: bool = False) -> list[list[Any] | 
     out: list[list[Any] | None] = []
     for path in paths:
         try:
-            with open(path, encoding="utf-8") as fh:
-                text = fh.read()
-            if path.endswith(".json"):
-                out.append([json.loads(text)] if text.strip() else [])
-            else:
-                out.append(fastyaml.load_all(text))
+            out.append(_parse(path))
         except Exception:  # noqa: BLE001 - any failure: the caller parses this file itself
             out.append(None)
     return out
