@@ -1,9 +1,11 @@
-"""A fast YAML 1.2 loader for plain Kubernetes manifests: libyaml's event parser (ruamel.yaml.clib)
-with a small constructor in Python, about 4x faster than ruamel's safe constructor.
+"""A fast YAML 1.2 loader for plain Kubernetes manifests.
 
-It handles the YAML that manifests use (mappings, sequences, plain and quoted scalars, anchors and
-aliases); anything else (explicit tags, merge keys) raises Unsupported and the caller falls back to
-ruamel.yaml's own loader, which stays the reference.
+Two fast paths, tried in order: yaml-rs (a compiled YAML 1.2 parser that builds the Python objects
+itself, ~5x faster than the next), then libyaml's event parser (ruamel.yaml.clib) with a small
+constructor in Python, ~4x faster than ruamel's safe constructor. They handle the YAML that
+manifests use (mappings, sequences, plain and quoted scalars, anchors and aliases); anything else
+(explicit tags, merge keys, directives) raises Unsupported and the caller falls back to
+ruamel.yaml's own loader, which stays the reference (and gives the precise error marks).
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ try:
     from _ruamel_yaml import CParser  # ruamel.yaml.clib
 except ImportError:  # pragma: no cover - the clib wheel is a dependency
     CParser = None
+try:
+    import yaml_rs
+except ImportError:  # pragma: no cover - a dependency; without it the event parser does all
+    yaml_rs = None
 
 
 class Unsupported(Exception):
@@ -46,8 +52,45 @@ def _plain(value: str) -> Any:
     return value
 
 
+# A document start alone on its line ("---", maybe a comment after it), and any line that starts
+# like a marker or a directive: when the two counts differ the text is not split by us.
+_DOC_START = re.compile(r"^---[ \t]*(?:#[^\n]*)?\r?(?:\n|\Z)", re.M)
+_MARKER_LIKE = re.compile(r"^(?:---|\.\.\.|%)", re.M)
+_CONTENT_LINE = re.compile(r"^[ \t]*[^ \t\r\n#]", re.M)
+
+
 def load_all(text: str) -> list[Any]:
     """All documents of `text` as plain Python data (raises Unsupported, or a ruamel error)."""
+    if yaml_rs is not None:
+        docs = _load_all_compiled(text)
+        if docs is not None:
+            return docs
+    return _load_all_events(text)
+
+
+def _load_all_compiled(text: str) -> list[Any] | None:
+    """yaml-rs, one document at a time (its loads() folds a stream of documents and a top-level
+    sequence into the same list, so the text is split at the "---" lines here). None when the
+    text uses what yaml-rs would read differently (tags: it drops unknown ones; merge keys: it
+    keeps "<<" as a key), has markers this split does not handle, or does not parse."""
+    if "!" in text or "<<" in text:
+        return None
+    parts = _DOC_START.split(text)
+    if len(_MARKER_LIKE.findall(text)) != len(parts) - 1:
+        return None
+    docs: list[Any] = []
+    try:
+        for i, part in enumerate(parts):
+            if i == 0 and not _CONTENT_LINE.search(part):
+                continue  # nothing but comments before the first "---": not a document
+            docs.append(yaml_rs.loads(part, parse_datetime=False))
+    except (yaml_rs.YAMLDecodeError, ValueError, TypeError, RecursionError):
+        return None
+    return docs
+
+
+def _load_all_events(text: str) -> list[Any]:
+    """libyaml's events, built into Python data here."""
     if CParser is None:
         raise Unsupported("ruamel.yaml.clib is not installed")
     parser = CParser(text)

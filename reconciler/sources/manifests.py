@@ -1,6 +1,6 @@
 """Read a directory of Kubernetes manifests (YAML or JSON) into SourceObjects.
 
-Parsing uses libyaml's event parser with a small constructor for speed (fastyaml.py), falling back to
+Parsing takes a fast path first (fastyaml.py: yaml-rs, else libyaml's events), falling back to
 ruamel.yaml's loaders; when an error needs a precise place, the file is re-read with the round-trip
 loader, which knows the line and column of every key.
 """
@@ -134,8 +134,8 @@ def parse_files(paths: list[str], background: bool = False) -> list[list[Any] | 
 def _parse(path: str) -> list[Any]:
     """The documents of one file (InputError naming the place of a syntax error)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        with open(path, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
+            text = fh.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
     try:
@@ -206,9 +206,9 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     With `pool` (the one-shot commands' process pool, see reconcile.plan_against_kernel) and many
     files, the pool's idle workers parse the second half of the files, chunk by chunk from the
     end and at a lower priority, while this process parses from the start and itself parses every
-    chunk not done by the time it gets there (it never waits). YAML parsing is most of the time
-    (10k files: ~2.6 s on one core); the lower priority keeps a busy worker (one reading the
-    kernel) the first in line.
+    chunk not done by the time it gets there (it never waits). Reading and parsing 10k files takes
+    ~0.9 s on one core (yaml-rs; ~2.6 s with libyaml's events), of which the worker saves ~0.15 s
+    while the other core is busy reading the kernel; the lower priority keeps that reader first.
     """
     result = LoadResult()
     errors: list[InputError] = []

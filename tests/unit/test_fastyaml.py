@@ -1,0 +1,108 @@
+"""The fast YAML paths give what ruamel.yaml's YAML 1.2 loader (the reference) gives on the YAML
+that manifests use, and decline (None / Unsupported) what they would read differently."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+from helpers import STATE_DIR
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
+from reconciler.sources import fastyaml
+from reconciler.sources.manifests import _load_yaml
+
+
+def reference(text: str) -> list:
+    return list(YAML(typ="safe", pure=True).load_all(text))
+
+
+SLICE = """\
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-abc   # a comment
+  namespace: "shop"
+  labels: {kubernetes.io/service-name: web, 'app.kubernetes.io/part-of': "x: y"}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}, {name: '', port: 53, protocol: UDP}]
+endpoints:
+  - addresses: [fd00::1, "fd00::2"]
+    conditions: {ready: true, serving: True, terminating: false}
+    hints:
+      forZones: [{name: zone-a}]
+  - addresses:
+      - fd00::3
+    conditions: {ready: null, serving: ~}
+    nodeName: node-b
+    zone:
+"""
+
+CASES = {
+    "one document": "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n",
+    "a stream": "a: 1\n---\nb: [1, 2]\n--- # second\nc: {d: e}\n",
+    "empty documents": "---\n---\na: 1\n---\n",
+    "comments before the first marker": "# header\n\n---\na: 1\n",
+    "no documents": "# nothing here\n",
+    "empty text": "",
+    "a null document first": "null\n---\na: 1\n",
+    "CRLF": "a: 1\r\n---\r\nb: 2\r\n",
+    "block scalar holding a marker-like line": "a: |\n  ---\n  x\nb: >-\n  folded\n  text\n",
+    "anchors and aliases": "a: &p {port: 80}\nb: *p\nc: [*p, *p]\n",
+    "scalars": "i: 10\nneg: -5\nf: 1.5\ne: 1e3\nhex: 0x1F\noct: 0o17\nb: true\nn: ~\ns: yes\no: on\nq: '010'\n"
+               "ip: 10.0.0.1\nv6: 2001:db8::1\ncidr: 10.0.0.0/8\nport: '80'\ninf: .inf\n",
+    "a top-level sequence document": "---\n- {a: 1}\n- {b: 2}\n",
+    "a slice": SLICE,
+    "a slice after a service": "kind: Service\nspec: {clusterIP: None}\n---\n" + SLICE,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_compiled_path_reads_manifests_as_the_reference_does(name: str) -> None:
+    assert fastyaml.yaml_rs is not None  # a dependency: the fast path must be there
+    text = CASES[name]
+    got = fastyaml._load_all_compiled(text)
+    assert got is not None, "declined"
+    assert got == reference(text)
+    try:
+        events = fastyaml._load_all_events(text)
+    except (fastyaml.Unsupported, YAMLError):
+        return  # it declines this one (libyaml is YAML 1.1: no ':' in flow scalars such as fd00::1)
+    assert events == got  # the slower fast path agrees where it reads the text at all
+
+
+def test_both_paths_read_the_example_state_as_the_reference_does() -> None:
+    files = sorted(glob.glob(os.path.join(STATE_DIR, "**", "*.y*ml"), recursive=True))
+    assert files
+    for path in files:
+        with open(path) as fh:
+            text = fh.read()
+        assert fastyaml._load_all_compiled(text) == reference(text) == fastyaml._load_all_events(text), path
+
+
+def test_timestamps_stay_strings() -> None:
+    # as in the event path: no field we read is a timestamp, and a datetime would not match a schema string
+    text = "metadata: {creationTimestamp: 2024-05-01T10:00:00Z}\n"
+    assert fastyaml._load_all_compiled(text) == [{"metadata": {"creationTimestamp": "2024-05-01T10:00:00Z"}}]
+
+
+@pytest.mark.parametrize("text", [
+    "a: !!str 5\n",                       # an explicit tag (yaml-rs drops unknown ones silently)
+    "a: !custom x\n",
+    "base: &b {x: 1}\nm:\n  <<: *b\n",   # a merge key (yaml-rs keeps "<<" as a key)
+    "--- {a: 1}\n",                       # content on the marker line
+    "a: 1\n...\n---\nb: 2\n",             # a document end marker
+    "%YAML 1.2\n---\na: 1\n",             # a directive
+    "a: 1\na: 2\n",                       # a duplicate key: the reference names its place
+    "a: [1, 2\n",                         # a syntax error: likewise
+])
+def test_the_compiled_path_declines_what_it_would_read_differently(text: str) -> None:
+    assert fastyaml._load_all_compiled(text) is None
+
+
+@pytest.mark.parametrize("text", ["a: !!str 5\n", "base: &b {x: 1}\nm:\n  <<: *b\n", "--- {a: 1}\n",
+                                  "a: 1\n...\n---\nb: 2\n", "%YAML 1.2\n---\na: 1\n"])
+def test_declined_texts_still_load_as_the_reference_loads_them(text: str) -> None:
+    assert _load_yaml(text) == reference(text)
