@@ -45,13 +45,15 @@ class Planned:
 
 
 def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
-              other_mode: bool | None = None) -> Planned:
-    """Diff the rendered desired model against the kernel (observed now unless given).
+              other_mode: bool | None = None, want: Any = None) -> Planned:
+    """Diff the rendered desired model (`want`: rendered now unless given) against the kernel
+    (observed now unless given).
 
     A full plan (by default when the kernel is observed here) also removes what the other mode
     left behind, so switching `--mode` leaves only one mode's objects.
     """
-    want = backend.render(desired)
+    if want is None:
+        want = backend.render(desired)
     have = backend.observe() if observed_model is None else observed_model
     ops: list[Operation] = backend.diff(want, have)
     other: list[Operation] = []
@@ -65,17 +67,18 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
 
 
 def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
-    """Read the kernel while the manifests load, then plan: the one-shot commands' path.
+    """Read the kernel while the manifests load and render, then plan: the one-shot commands' path.
 
-    For a backend whose model pickles cheaply (observe_in = "process": both of ours) the read runs
-    in a forked child: its `nft`/`iptables-save` children and the parsing of their output use the
-    other core without waiting for this process's interpreter lock, and the model comes back
-    pickled (10k x 10 no-op plan, nftables 7.6 s -> 6.3 s, iptables 7.2 s -> 6.5 s). A second
-    child parses half of the manifests meanwhile. Otherwise a thread does the read.
+    A backend whose model pickles cheaply and whose parsing is heavy (observe_in = "process":
+    nftables, JSON) reads in a forked child: its `nft` children and the parsing of their output
+    use the other core without waiting for this process's interpreter lock, and the model comes
+    back pickled. Otherwise (iptables: the `-save` tools run on the other core anyway) a thread
+    reads. With the child, a second one parses part of the manifests meanwhile.
     """
     with _workers(backend) as (observed, pool):
         try:
             desired = load_desired(source, options, pool)
+            want = backend.render(desired)  # while the kernel is still being read
         except BaseException:
             observed.cancel()
             raise
@@ -84,7 +87,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
         except BrokenProcessPool as exc:  # the child died (killed, out of memory): read here instead
             log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
             observed_model = backend.observe()
-        return make_plan(backend, desired, observed_model, other_mode=True)
+        return make_plan(backend, desired, observed_model, other_mode=True, want=want)
 
 
 def _observe(backend: Any) -> Any:

@@ -501,3 +501,67 @@ def test_read_save_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n-A RECONCILER-Y -j ACCEPT\\nCOMMIT\\n"\n')
     with pytest.raises(ParseError, match="line 2: rule for undeclared chain"):
         kernel.read_save("iptables", "fake", "nat", parse)
+
+
+def test_the_rule_hot_path_parses_as_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines as iptables-save writes them take _add_simple_rule; whatever it takes or declines,
+    the result (or the error) is what the general tokenizer gives."""
+    import random
+
+    from reconciler.backends.iptables import save
+
+    lines = [
+        '-A X -p tcp -m comment --comment "ns/web:http/TCP" -m tcp -j DNAT --to-destination 10.0.0.1:80',
+        '-A X -m comment --comment "ns/web:http cluster IP" -j Y',
+        "-A X -j Y", "-A  X   -j   Y  ", "-A X\t-j Y", '-A X -m comment --comment "" -j Y',
+        '-A X -m comment --comment "a"b -j Y', '-A X -m comment --comment a"b c" -j Y',
+        '-A X -m comment --comment "a" --comment "b"', '-A X -m comment --comment "a\\"b"',
+        '-A X -m comment --comment "é" -j Y', "-A Z -j Y", '-A X -m comment --comment "unclosed',
+        "-A X -s 10.0.0.0/8\x0b-j Y", "[1:2] -A X -j Y", '-A X "quoted"', "-A Y",
+    ]
+    rng = random.Random(7)
+    alphabet = ["a", "-j", "Y", '"', "\\", " ", "  ", "\t", "x", "/", ":", "\xa0", "é", "-m"]
+    lines += ["-A X " + "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10))) for _ in range(3000)]
+
+    def parsed(line: str) -> object:
+        try:
+            rs = save.parse_save(f"*nat\n:X - [0:0]\n:Y - [0:0]\n{line}\nCOMMIT\n")
+        except save.ParseError as exc:
+            return str(exc)
+        return {name: chain.rules for name, chain in rs["nat"].chains.items()}
+
+    taken = []
+    real = save._add_simple_rule
+
+    def recording(table, line):
+        taken.append(real(table, line))
+        return taken[-1]
+
+    monkeypatch.setattr(save, "_add_simple_rule", recording)
+    fast = [parsed(line) for line in lines]
+    assert taken[:2] == [True, True] and sum(taken) > 500  # the common shapes do take it
+    monkeypatch.setattr(save, "_add_simple_rule", lambda table, line: False)
+    assert [parsed(line) for line in lines] == fast
+
+
+def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.backends.iptables import kernel
+    from reconciler.backends.iptables.backend import parse_our_tables
+
+    args, out = tmp_path / "args", tmp_path / "out"
+    mangle = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\n-A PREROUTING this is no rule at all\nCOMMIT\n"
+    out.write_text(mangle + "*nat\n:PREROUTING ACCEPT [0:0]\n:RECONCILER-SERVICES - [0:0]\n"
+                   '-A PREROUTING -m comment --comment "reconciler service portals" -j RECONCILER-SERVICES\n'
+                   "-A RECONCILER-SERVICES -j RETURN\nCOMMIT\n"
+                   "*filter\n:INPUT ACCEPT [0:0]\n:OTHER - [0:0]\n-A OTHER -j ACCEPT\nCOMMIT\n")
+    _fake_save(tmp_path, monkeypatch, f'echo "$@" > {args}\ncat {out}\n')
+    tables = kernel.read_save("iptables", "fake", None, parse_our_tables)
+    assert args.read_text().strip() == ""  # one save of all tables, no -t
+    assert set(tables) == {"nat", "filter"} and tables["filter"].empty
+    assert [r.args for r in tables["nat"].chains["RECONCILER-SERVICES"]] == [("-j", "RETURN")]
+    assert [r.target for r in tables["nat"].jumps] == ["RECONCILER-SERVICES"]
+    # an error in a table of ours names its line, counted over the whole output
+    out.write_text(mangle + "*nat\n-A RECONCILER-Y -j ACCEPT\nCOMMIT\n")
+    with pytest.raises(ParseError, match="line 6: rule for undeclared chain"):
+        kernel.read_save("iptables", "fake", None, parse_our_tables)

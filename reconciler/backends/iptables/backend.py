@@ -1,6 +1,6 @@
 """The iptables backend: render / observe / diff / apply / cleanup behind the Backend interface.
 
-Layout: see render.py. Observed state is `<cmd>-<flavour>-save -t filter|nat` for iptables and
+Layout: see render.py. Observed state is `<cmd>-<flavour>-save` (filter and nat) for iptables and
 ip6tables, keeping only our chains (RECONCILER-*) and the rules of built-in chains that jump into them.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ...state import DesiredState
 from ..base import Operation
@@ -18,14 +18,16 @@ from .render import (
     COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX, TABLES,
     IptablesModel, Renderer, TableState, chain_hash, is_builtin, is_ours, is_service_chain,
 )
-from .save import Rule, parse_save
+from .save import Rule, Ruleset, parse_save
 
 log = logging.getLogger(__name__)
 
 
 class IptablesBackend:
     mode = "iptables"
-    observe_in = "process"  # see reconcile.plan_against_kernel (tokens are interned: pickles small)
+    # see reconcile.plan_against_kernel: the `-save` tools are processes of their own, and the
+    # parse takes less than pickling the model back from a child would (10k: 0.8 s vs 0.7 s + 0.4 s)
+    observe_in = "thread"
 
     def __init__(self, flavour: str | None = None):
         if flavour is not None and flavour not in kernel.FLAVOURS:
@@ -46,20 +48,20 @@ class IptablesBackend:
         return self._renderer.render(desired)
 
     def observe(self) -> IptablesModel:
-        """Our chains and jumps: one `<cmd>-save -t TABLE` per family and table, run at once
-        (each parsed as soon as it is read)."""
+        """Our chains and jumps: one `<cmd>-save` of all tables per family, both run at once, each
+        parsed as it is read. (The nft flavour's save fetches every table whatever `-t` says:
+        10k services, `-t nat` then `-t filter` cost 2.85 s, one save of all tables 2 s.)"""
         flavour = self.flavour
-        wanted = [(family, cmd, table) for family, cmd in COMMANDS.items() for table in TABLES]
 
-        def read(item: tuple[str, str, str]) -> TableState:
-            _, cmd, table = item
-            return kernel.read_save(cmd, flavour, table, lambda lines: parse_ours(lines, table))
+        def read(cmd: str) -> dict[str, TableState]:
+            return kernel.read_save(cmd, flavour, None, parse_our_tables)
 
         families: dict[str, dict[str, TableState]] = {}
-        with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
-            for (family, _, table), state in zip(wanted, pool.map(read, wanted)):
-                if not state.empty:
-                    families.setdefault(family, {})[table] = state
+        with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
+            for family, tables in zip(COMMANDS, pool.map(read, COMMANDS.values())):
+                tables = {t: state for t, state in tables.items() if not state.empty}
+                if tables:
+                    families[family] = tables
         return IptablesModel(families, flavour)
 
     def diff(self, desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
@@ -103,10 +105,30 @@ def _service_chains(chains: dict[str, tuple[Rule, ...]], only: set[str] | None
     return out
 
 
+def parse_our_tables(lines: Iterable[str]) -> dict[str, TableState]:
+    """Our chains and jumps in each of TABLES from the lines of a save of all tables, as they are
+    read; the lines of other tables (mangle, raw, ...) are passed over unparsed."""
+    rs = parse_save(_only_tables(lines, TABLES))
+    return {table: _ours(rs, table) for table in TABLES}
+
+
+def _only_tables(lines: Iterable[str], tables: tuple[str, ...]) -> Iterator[str]:
+    """The lines, with those of tables not in `tables` blanked (line numbers stay right)."""
+    heads = {f"*{t}" for t in tables}
+    keep = True
+    for line in lines:
+        if line[:1] == "*":
+            keep = line.rstrip() in heads
+        yield line if keep else ""
+
+
 def parse_ours(text: str | Iterable[str], table: str) -> TableState:
     """Our chains and our jumps from one table of iptables-save output, or its lines as they are
     read (other tables ignored)."""
-    rs = parse_save(text)
+    return _ours(parse_save(text), table)
+
+
+def _ours(rs: Ruleset, table: str) -> TableState:
     if table not in rs:
         return TableState()
     chains: dict[str, tuple[Rule, ...]] = {}

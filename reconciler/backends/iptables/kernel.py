@@ -68,11 +68,12 @@ def detect_flavour() -> str:
     return "nft"
 
 
-def read_save(cmd: str, flavour: str, table: str, parse: Callable[[Iterator[str]], T]) -> T:
-    """parse(lines of `<cmd>-<flavour>-save -t TABLE`) while the tool still writes them: the
-    output text is never whole in memory (10k services: 24 MB). No lines when the table
-    does not exist; KernelError when the tool fails (whatever parse made of its output)."""
-    argv = [binary(cmd, flavour, "save"), "-t", table]
+def read_save(cmd: str, flavour: str, table: str | None, parse: Callable[[Iterator[str]], T]) -> T:
+    """parse(lines of `<cmd>-<flavour>-save -t TABLE`, or of all tables when table is None) while
+    the tool still writes them: the output text is never whole in memory (10k services: 24 MB).
+    No lines when the table does not exist; KernelError when the tool fails (whatever parse made
+    of its output)."""
+    argv = [binary(cmd, flavour, "save"), *(("-t", table) if table else ())]
     with tempfile.TemporaryFile("w+") as err:
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -92,7 +93,8 @@ def read_save(cmd: str, flavour: str, table: str, parse: Callable[[Iterator[str]
     if proc.returncode != 0:
         if any(m in stderr for m in _MISSING_TABLE):
             return parse(iter(()))
-        raise KernelError(f"{cmd}-{flavour}-save -t {table} exited {proc.returncode}: {stderr.strip()}")
+        raise KernelError(f"{' '.join([f'{cmd}-{flavour}-save', *argv[1:]])} exited {proc.returncode}: "
+                          f"{stderr.strip()}")
     if failure is not None:
         raise failure
     return result  # type: ignore[return-value]
