@@ -277,7 +277,7 @@ class _Slice:
     service: str
     family: Family
     ports: tuple[tuple[str, str, int], ...]  # (name, protocol, port)
-    endpoints: tuple[EndpointInfo, ...]  # with port 0: the port comes from `ports`
+    endpoints: tuple[EndpointInfo, ...]  # with the slice's port if it has one port, else 0 (see `ports`)
 
 
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
@@ -303,6 +303,8 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         if port is not None:
             ports.append((name, protocol, port))
     endpoints = []
+    # the usual slice has one port: its endpoints carry it and need no copy per port later
+    port_number = ports[0][2] if len(ports) == 1 else 0
     for i, raw in enumerate(r.typed(("endpoints",), list, [])):
         base = ("endpoints", i)
         if not isinstance(raw, dict):
@@ -310,8 +312,9 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         addrs = raw.get("addresses")
         if not isinstance(addrs, list) or not addrs:
             raise r.error(base + ("addresses",), "an endpoint needs at least one address")
-        ip = r.ip(base + ("addresses", 0), addrs[0])  # kube-proxy uses the first address only
-        if ip_family(ip) != family:
+        ip = normalize_ip(addrs[0])  # kube-proxy uses the first address only
+        if ip is None or ip_family(ip) != family:
+            ip = r.ip(base + ("addresses", 0), addrs[0])  # raises naming the place if invalid
             raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
         cond = raw.get("conditions") or {}
         if not isinstance(cond, dict):
@@ -329,7 +332,7 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         node_name = intern(node_name) if node_name else node_name
         zone = intern(zone) if zone else zone
         endpoints.append(EndpointInfo(
-            ip=ip, port=0, ready=ready, serving=serving, terminating=terminating, node=node_name, zone=zone,
+            ip=ip, port=port_number, ready=ready, serving=serving, terminating=terminating, node=node_name, zone=zone,
             zoneHints=_hint_names(hints.get("forZones")) if hints else _NO_HINTS,
             nodeHints=_hint_names(hints.get("forNodes")) if hints else _NO_HINTS,
         ))
@@ -367,7 +370,7 @@ def _endpoints_for(slices: list[_Slice], port: _Port, family: Family) -> list[En
             for ep in sl.endpoints:
                 key = (ep.ip, number)
                 if key not in merged or not ep.terminating:  # a non-terminating copy wins, as upstream
-                    merged[key] = _with_port(ep, number)
+                    merged[key] = ep if ep.port == number else _with_port(ep, number)
     return sorted(merged.values(), key=lambda e: (_ip_key(e.ip), e.port))
 
 

@@ -45,12 +45,13 @@ class Planned:
 
 
 def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
-              other_mode: bool | None = None, want: Any = None) -> Planned:
+              other_mode: bool | None = None, want: Any = None,
+              leftovers: list[Operation] | None = None) -> Planned:
     """Diff the rendered desired model (`want`: rendered now unless given) against the kernel
     (observed now unless given).
 
     A full plan (by default when the kernel is observed here) also removes what the other mode
-    left behind, so switching `--mode` leaves only one mode's objects.
+    left behind (`leftovers`: found already), so switching `--mode` leaves only one mode's objects.
     """
     if want is None:
         want = backend.render(desired)
@@ -58,7 +59,7 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
     ops: list[Operation] = backend.diff(want, have)
     other: list[Operation] = []
     if other_mode if other_mode is not None else observed_model is None:
-        other = other_mode_leftovers(backend.mode)
+        other = other_mode_leftovers(backend.mode) if leftovers is None else leftovers
     plan = Plan(backend.mode, desired.node.name, operations=ops + other)
     touched = touched_services(ops)
     if touched:
@@ -73,9 +74,12 @@ def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
     nftables, JSON) reads in a forked child: its `nft` children and the parsing of their output
     use the other core without waiting for this process's interpreter lock, and the model comes
     back pickled. Otherwise (iptables: the `-save` tools run on the other core anyway) a thread
-    reads. With the child, a second one parses part of the manifests meanwhile.
+    reads. With the child, a second one parses part of the manifests meanwhile. A thread looks
+    for the other mode's leftovers meanwhile (nftables, 32 `nft list table`: ~0.25 s next to a
+    big iptables ruleset).
     """
-    with _workers(backend) as (observed, pool):
+    with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
+        other = side.submit(other_mode_leftovers, backend.mode)  # after _workers forked its pool
         try:
             desired = load_desired(source, options, pool)
             want = backend.render(desired)  # while the kernel is still being read
@@ -87,7 +91,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
         except BrokenProcessPool as exc:  # the child died (killed, out of memory): read here instead
             log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
             observed_model = backend.observe()
-        return make_plan(backend, desired, observed_model, other_mode=True, want=want)
+        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=other.result())
 
 
 def _observe(backend: Any) -> Any:
