@@ -59,9 +59,13 @@ _MARKER_LIKE = re.compile(r"^(?:---|\.\.\.|%)", re.M)
 _CONTENT_LINE = re.compile(r"^[ \t]*[^ \t\r\n#]", re.M)
 
 
-def load_all(text: str) -> list[Any]:
-    """All documents of `text` as plain Python data (raises Unsupported, or a ruamel error)."""
-    if yaml_rs is not None:
+def load_all(text: str, share_keys: bool = False) -> list[Any]:
+    """All documents of `text` as plain Python data (raises Unsupported, or a ruamel error).
+
+    share_keys: mapping keys as one shared string each, for data kept alive long (yaml-rs makes
+    a string per key: 10k manifests take 40 MiB more) at the price of the slower event path.
+    """
+    if yaml_rs is not None and not share_keys:
         docs = _load_all_compiled(text)
         if docs is not None:
             return docs

@@ -101,12 +101,13 @@ def manifest_files(root: str | os.PathLike[str]) -> list[str]:
     return out
 
 
-def load_file(path: str, docs: list[Any] | None = None) -> LoadResult:
+def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False) -> LoadResult:
     """Parse one manifest file into SourceObjects; raises InputError on syntax errors. `docs`:
-    the file's documents when they were already parsed (see parse_files)."""
+    the file's documents when they were already parsed (see parse_files). `share_keys`: see
+    fastyaml.load_all (for bodies kept alive long: the daemon's)."""
     result = LoadResult()
     if docs is None:
-        docs = _parse(path)
+        docs = _parse(path, share_keys)
     locator = _FileLocator(path)
     for doc_index, doc in enumerate(docs):
         if doc is None:
@@ -131,7 +132,7 @@ def parse_files(paths: list[str], background: bool = False) -> list[list[Any] | 
     return out
 
 
-def _parse(path: str) -> list[Any]:
+def _parse(path: str, share_keys: bool = False) -> list[Any]:
     """The documents of one file (InputError naming the place of a syntax error)."""
     try:
         with open(path, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
@@ -141,7 +142,7 @@ def _parse(path: str) -> list[Any]:
     try:
         if path.endswith(".json"):
             return [json.loads(text)] if text.strip() else []
-        return _load_yaml(text)
+        return _load_yaml(text, share_keys)
     except json.JSONDecodeError as exc:
         raise InputError(Location(path, exc.lineno, exc.colno), f"invalid JSON: {exc.msg}") from exc
     except MarkedYAMLError as exc:
@@ -152,10 +153,10 @@ def _parse(path: str) -> list[Any]:
         raise InputError(Location(path), f"invalid YAML: {exc}") from exc
 
 
-def _load_yaml(text: str) -> list[Any]:
+def _load_yaml(text: str, share_keys: bool = False) -> list[Any]:
     """Fast path first; ruamel.yaml's loaders have the final word (and the precise error marks)."""
     try:
-        return fastyaml.load_all(text)
+        return fastyaml.load_all(text, share_keys)
     except (fastyaml.Unsupported, YAMLError):
         pass
     try:

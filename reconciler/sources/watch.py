@@ -230,7 +230,7 @@ class DirectorySource:
             old_entries.setdefault(path, entry)
             new = _Entry(sig)
             try:
-                new.result = load_file(path)
+                new.result = load_file(path, share_keys=True)  # kept until built: RSS counts
                 self._unreleased += new.result.objects
             except InputError as exc:
                 new.error = exc

@@ -106,3 +106,23 @@ def test_the_compiled_path_declines_what_it_would_read_differently(text: str) ->
                                   "a: 1\n...\n---\nb: 2\n", "%YAML 1.2\n---\na: 1\n"])
 def test_declined_texts_still_load_as_the_reference_loads_them(text: str) -> None:
     assert _load_yaml(text) == reference(text)
+
+
+def test_shared_keys_are_one_string_each_and_the_data_is_the_same() -> None:
+    text = "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n---\n" + SLICE.replace("fd00::1", '"fd00::1"')
+    shared = fastyaml.load_all(text, share_keys=True)
+    assert shared == fastyaml.load_all(text) == reference(text)
+    first, second = shared
+    assert next(iter(first)) is next(iter(second))  # "apiVersion": one string for both
+
+
+def test_the_daemon_keeps_its_bodies_with_shared_keys(tmp_path) -> None:
+    from reconciler.sources.watch import DirectorySource
+
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text(f"apiVersion: v1\nkind: Service\nmetadata: {{name: {name}}}\n"
+                                               "spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n")
+    a, b = DirectorySource(str(tmp_path)).snapshot().objects
+    assert a.body == {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "a"},
+                      "spec": {"clusterIP": "10.96.0.1", "ports": [{"port": 80}]}}
+    assert next(iter(a.body["spec"])) is next(iter(b.body["spec"]))  # across files too
