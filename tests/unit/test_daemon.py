@@ -463,9 +463,9 @@ def count_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     real = watch_mod.load_file
 
-    def counting(path: str) -> Any:
+    def counting(path: str, **kwargs: Any) -> Any:
         calls.append(os.path.basename(path))
-        return real(path)
+        return real(path, **kwargs)
 
     monkeypatch.setattr(watch_mod, "load_file", counting)
     return calls
