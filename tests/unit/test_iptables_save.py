@@ -565,3 +565,42 @@ def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path
     out.write_text(mangle + "*nat\n-A RECONCILER-Y -j ACCEPT\nCOMMIT\n")
     with pytest.raises(ParseError, match="line 6: rule for undeclared chain"):
         kernel.read_save("iptables", "fake", None, parse_our_tables)
+
+
+def test_quoting_target_and_comment_on_random_rules() -> None:
+    """to_text() survives iptables-restore's tokenizer for any arguments, and target / comment
+    read the (option, value) pairs as iptables does: the value of a free-text option, -m, -j or
+    -g is never taken for an option."""
+    import random
+
+    valued = {"--comment", "--log-prefix", "-j", "--jump", "-g", "--goto", "-m", "--match"}
+
+    def pairs(args):
+        i = 0
+        while i < len(args):
+            if args[i] in valued:
+                yield args[i], args[i + 1] if i + 1 < len(args) else None
+                i += 2
+            else:
+                yield args[i], None
+                i += 1
+
+    def reference(args):
+        target = next((v for o, v in pairs(args) if o in ("-j", "--jump", "-g", "--goto")), None)
+        seen, comment = False, None
+        for o, v in pairs(args):
+            if o in ("-m", "--match") and v == "comment":
+                seen = True
+            elif o == "--comment" and seen:
+                comment = v
+                break
+        return target, comment
+
+    rng = random.Random(3)
+    words = ["-j", "-g", "-m", "comment", "--comment", "--log-prefix", "ACCEPT", "a b", "", '"', "x\\y",
+             "it's", "10.0.0.1:80", "ns/web:http", "\t", "-p", "tcp"]
+    for _ in range(5000):
+        args = tuple(rng.choice(words) for _ in range(rng.randint(0, 9)))
+        rule = Rule("C", args)
+        assert Rule.from_text(rule.to_text()) == rule, args
+        assert (rule.target, rule.comment) == reference(args), args

@@ -47,8 +47,12 @@ BUILTIN_CHAINS: Mapping[str, tuple[str, ...]] = {
 _STRING_OPTIONS = frozenset(
     {"--comment", "--log-prefix", "--nflog-prefix", "--ulog-prefix", "--helper", "--nfacct-name"}
 )
-_SAFE_CHARS = frozenset("_-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_SAFE_RE = re.compile(r"[A-Za-z0-9_-]+")
+_ESCAPED_RE = re.compile(r"[\"\\\\']")
+_NEEDS_QUOTES_RE = re.compile(r'[ \t\n"]')
 _WS = " \t\n"
+_JUMPS = frozenset({"-j", "--jump", "-g", "--goto"})
+_VALUED_OPTIONS = _STRING_OPTIONS | _JUMPS | {"-m", "--match"}  # each takes the next token as its value
 _COUNTERS_RE = re.compile(r"\[(\d+):(\d+)\]")
 _RULE_COUNTERS_RE = re.compile(r"\[(\d+):(\d+)\][ \t]*")
 _CHAIN_NAME_RE = re.compile(r"[^\s!\"'][^\s\"']*")
@@ -125,9 +129,9 @@ def _split_args_slowly(text: str) -> list[str]:
 
 def _save_string(value: str) -> str:
     """Quote like xtables_save_string(): bare only if non-empty and [A-Za-z0-9_-]."""
-    if value and all(c in _SAFE_CHARS for c in value):
+    if _SAFE_RE.fullmatch(value):
         return value
-    return '"' + "".join("\\" + c if c in "\"\\'" else c for c in value) + '"'
+    return '"' + _ESCAPED_RE.sub(r"\\\g<0>", value) + '"'
 
 
 def quote_arg(arg: str, *, after: str | None = None) -> str:
@@ -137,17 +141,18 @@ def quote_arg(arg: str, *, after: str | None = None) -> str:
     ``--comment`` are quoted exactly as iptables-save does, everything else
     only when it would not survive :func:`split_args` unchanged.
     """
-    if after in _STRING_OPTIONS or not arg or any(c in arg for c in ' \t\n"'):
+    if after in _STRING_OPTIONS or not arg or _NEEDS_QUOTES_RE.search(arg):
         return _save_string(arg)
     return arg
 
 
 def _join(args: Iterable[str]) -> str:
+    """quote_arg() of each argument (after the one before it), joined by spaces."""
     out: list[str] = []
-    prev: str | None = None
+    quote = False
     for a in args:
-        out.append(quote_arg(a, after=prev))
-        prev = a
+        out.append(_save_string(a) if quote or not a or _NEEDS_QUOTES_RE.search(a) else a)
+        quote = a in _STRING_OPTIONS
     return " ".join(out)
 
 
@@ -213,16 +218,21 @@ class Rule:
 
     def _options(self) -> Iterator[tuple[str, str | None]]:
         """(option, value) pairs, skipping free-text values so they never look like options."""
-        it = iter(self.args)
-        for a in it:
-            if a in _STRING_OPTIONS or a in ("-j", "--jump", "-g", "--goto", "-m", "--match"):
-                yield a, next(it, None)
+        args, i, n = self.args, 0, len(self.args)
+        while i < n:
+            a = args[i]
+            if a in _VALUED_OPTIONS:
+                yield a, args[i + 1] if i + 1 < n else None
+                i += 2
             else:
                 yield a, None
+                i += 1
 
     @property
     def comment(self) -> str | None:
         """Value of the first ``-m comment --comment X``, or None."""
+        if "--comment" not in self.args:  # (a tuple search in C: most rules answer here)
+            return None
         seen_match = False
         for opt, val in self._options():
             if opt in ("-m", "--match") and val == "comment":
@@ -234,9 +244,15 @@ class Rule:
     @property
     def target(self) -> str | None:
         """Value of ``-j`` / ``-g`` (jump or goto), or None."""
-        for opt, val in self._options():
-            if opt in ("-j", "--jump", "-g", "--goto"):
-                return val
+        args, i, n = self.args, 0, len(self.args)
+        while i < n:  # _options() without the generator: this runs for every rule of a plan
+            a = args[i]
+            if a in _VALUED_OPTIONS:
+                if a in _JUMPS:
+                    return args[i + 1] if i + 1 < n else None
+                i += 2
+            else:
+                i += 1
         return None
 
     @property
