@@ -76,8 +76,11 @@ def _load_all_compiled(text: str) -> list[Any] | None:
     """yaml-rs, one document at a time (its loads() folds a stream of documents and a top-level
     sequence into the same list, so the text is split at the "---" lines here). None when the
     text uses what yaml-rs would read differently (tags: it drops unknown ones; merge keys: it
-    keeps "<<" as a key), has markers this split does not handle, or does not parse."""
-    if "!" in text or "<<" in text:
+    keeps "<<" as a key; a byte order mark past the start), has markers this split does not
+    handle, or does not parse."""
+    if text.startswith("\ufeff"):
+        text = text[1:]  # a byte order mark opening the stream is no content (yaml-rs keeps it)
+    if "!" in text or "<<" in text or "\ufeff" in text:
         return None
     parts = _DOC_START.split(text)
     if len(_MARKER_LIKE.findall(text)) != len(parts) - 1:

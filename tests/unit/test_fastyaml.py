@@ -56,6 +56,8 @@ CASES = {
     "a top-level sequence document": "---\n- {a: 1}\n- {b: 2}\n",
     "a slice": SLICE,
     "a slice after a service": "kind: Service\nspec: {clusterIP: None}\n---\n" + SLICE,
+    "a byte order mark": "\ufeffapiVersion: v1\nkind: Service\n",
+    "a byte order mark before a stream": "\ufeff---\na: 1\n---\nb: 2\n",
 }
 
 
@@ -97,6 +99,7 @@ def test_timestamps_stay_strings() -> None:
     "%YAML 1.2\n---\na: 1\n",             # a directive
     "a: 1\na: 2\n",                       # a duplicate key: the reference names its place
     "a: [1, 2\n",                         # a syntax error: likewise
+    "a: 1\n---\n\ufeffb: 2\n",              # a byte order mark past the start
 ])
 def test_the_compiled_path_declines_what_it_would_read_differently(text: str) -> None:
     assert fastyaml._load_all_compiled(text) is None
