@@ -137,6 +137,8 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
     try:
         with open(path, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
             text = fh.read().decode("utf-8")
+        if "\r" in text:  # newlines as text mode reads them (the fast YAML path wants "\n")
+            text = text.replace("\r\n", "\n").replace("\r", "\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
     try:
@@ -208,7 +210,8 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     files, the pool's idle workers parse the second half of the files, chunk by chunk from the
     end and at a lower priority, while this process parses from the start and itself parses every
     chunk not done by the time it gets there (it never waits). Reading and parsing 10k files takes
-    ~0.9 s on one core (yaml-rs; ~2.6 s with libyaml's events), of which the worker saves ~0.15 s
+    ~1 s on one core with the cyclic GC off as one-shot commands run (yaml-rs; ~2.6 s with
+    libyaml's events), of which the worker saves ~0.15 s
     while the other core is busy reading the kernel; the lower priority keeps that reader first.
     """
     result = LoadResult()

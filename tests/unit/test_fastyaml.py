@@ -48,11 +48,10 @@ CASES = {
     "no documents": "# nothing here\n",
     "empty text": "",
     "a null document first": "null\n---\na: 1\n",
-    "CRLF": "a: 1\r\n---\r\nb: 2\r\n",
     "block scalar holding a marker-like line": "a: |\n  ---\n  x\nb: >-\n  folded\n  text\n",
     "anchors and aliases": "a: &p {port: 80}\nb: *p\nc: [*p, *p]\n",
-    "scalars": "i: 10\nneg: -5\nf: 1.5\ne: 1e3\nhex: 0x1F\noct: 0o17\nb: true\nn: ~\ns: yes\no: on\nq: '010'\n"
-               "ip: 10.0.0.1\nv6: 2001:db8::1\ncidr: 10.0.0.0/8\nport: '80'\ninf: .inf\n",
+    "scalars": "i: 10\nneg: -5\nf: 1.5\ne: 1e3\nb: true\nn: ~\ns: yes\no: on\nq: '010'\nu: 8_080\n"
+               "ip: 10.0.0.1\nv6: 2001:db8::1\ncidr: 10.0.0.0/8\nport: '80'\nname: svc-0x\n",
     "a top-level sequence document": "---\n- {a: 1}\n- {b: 2}\n",
     "a slice": SLICE,
     "a slice after a service": "kind: Service\nspec: {clusterIP: None}\n---\n" + SLICE,
@@ -100,15 +99,48 @@ def test_timestamps_stay_strings() -> None:
     "a: 1\na: 2\n",                       # a duplicate key: the reference names its place
     "a: [1, 2\n",                         # a syntax error: likewise
     "a: 1\n---\n\ufeffb: 2\n",              # a byte order mark past the start
+    "a: 1\r\n---\r\nb: 2\r\n",              # carriage returns (manifests._parse makes them \n)
+    "a: 1\r---\rb: 2\r",
+    "a: x\x00\nb: 2\n",                    # NUL: yaml-rs stops there without a word
+    "a: \x07\n", "a: x\x85y\n",             # not allowed / a line break to YAML
+    "\ta: 1\n",                            # a tab as indentation
+    "a: 1\n---#c\nb: 2\n",                  # no marker: "---" needs a space before a comment
+    "{a: 1}: c\n", "? a\n: 1\n",            # complex keys
+    "a: _1\n", "a: 0X10\n", "a: 0B1\n", "a: .Nan\n", "a: 0x1F\n", "a: [-0o17]\n",  # loose numbers
 ])
 def test_the_compiled_path_declines_what_it_would_read_differently(text: str) -> None:
     assert fastyaml._load_all_compiled(text) is None
 
 
 @pytest.mark.parametrize("text", ["a: !!str 5\n", "base: &b {x: 1}\nm:\n  <<: *b\n", "--- {a: 1}\n",
-                                  "a: 1\n...\n---\nb: 2\n", "%YAML 1.2\n---\na: 1\n"])
+                                  "a: 1\n...\n---\nb: 2\n", "%YAML 1.2\n---\na: 1\n", "a: _1\n", "a: 0X10\n",
+                                  "a: .Nan\n", "a: 0x1F\nb: 0o17\n", "a: x\x85y\n"])
 def test_declined_texts_still_load_as_the_reference_loads_them(text: str) -> None:
     assert _load_yaml(text) == reference(text)
+
+
+@pytest.mark.parametrize("text", ["a: 8_080\n", "b: +0x10\n", "c: -0o17\n", "d: 1_000.5\n", "e: [0B1]\n"])
+def test_the_event_path_leaves_other_number_notations_to_the_reference(text: str) -> None:
+    # the daemon's path (share_keys) and the one-shot commands' must read the same numbers
+    assert _load_yaml(text, share_keys=True) == _load_yaml(text) == reference(text)
+
+
+@pytest.mark.parametrize("text", ["a: x\x00\nb: 2\n", "\ta: 1\n", "{a: 1}: c\n", "a: 1\n---#c\nb: 2\n"])
+def test_what_the_reference_rejects_is_rejected(text: str) -> None:
+    from ruamel.yaml.constructor import ConstructorError
+    with pytest.raises((YAMLError, ConstructorError)):
+        reference(text)
+    with pytest.raises((YAMLError, ConstructorError)):
+        _load_yaml(text)
+
+
+def test_files_with_carriage_returns_load_as_before(tmp_path) -> None:
+    from reconciler.sources.manifests import load_directory
+
+    node = "apiVersion: v1\nkind: Node\nmetadata: {{name: {}}}\n"
+    (tmp_path / "crlf.yaml").write_bytes((node.format("a") + "---\n" + node.format("b")).replace("\n", "\r\n").encode())
+    (tmp_path / "cr.yaml").write_bytes((node.format("c") + "---\n" + node.format("d")).replace("\n", "\r").encode())
+    assert sorted(o.name for o in load_directory(tmp_path).objects) == ["a", "b", "c", "d"]
 
 
 def test_shared_keys_are_one_string_each_and_the_data_is_the_same() -> None:

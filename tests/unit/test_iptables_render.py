@@ -12,7 +12,7 @@ import re
 import pytest
 from helpers import HTTP, STATE_DIR, build, endpoint, endpoint_slice, service
 
-from reconciler.backends.iptables.backend import IptablesBackend, parse_ours, service_view
+from reconciler.backends.iptables.backend import IptablesBackend, parse_our_tables, service_view
 from reconciler.backends.iptables.diff import diff, restore_inputs, script
 from reconciler.backends.iptables.render import (
     ENDPOINTS_CHECK, FIREWALL, MAX_CHAIN_NAME, NODEPORTS, NON_POD_MASQ, SERVICES, IptablesModel, TableState,
@@ -428,7 +428,7 @@ def save_runs() -> list[tuple[str, str, str]]:
 
 def recorded() -> dict[tuple[str, str], TableState]:
     """(family, table) -> our part of it, from the recorded save output."""
-    return {(fam, table): parse_ours(body, table) for fam, table, body in save_runs()}
+    return {(fam, table): parse_our_tables(body.splitlines(True))[table] for fam, table, body in save_runs()}
 
 
 def test_recorded_save_output_parses_back_to_the_rendered_model():
@@ -488,11 +488,11 @@ def test_jumps_are_inserted_once_and_duplicates_removed():
         '-I PREROUTING 1 -m comment --comment "service-reconciler service portals" -j RECONCILER-SERVICES']
 
 
-def test_parse_ours_ignores_kube_proxy_rules():
+def test_parse_our_tables_ignores_kube_proxy_rules():
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "data" / "iptables" / "save.txt").read_text()
-    for table in ("filter", "nat"):
-        assert parse_ours(text, table).empty
+    tables = parse_our_tables(text.splitlines(True))
+    assert set(tables) == {"filter", "nat"} and all(t.empty for t in tables.values())
 
 
 def test_backend_interface_and_model_dict():

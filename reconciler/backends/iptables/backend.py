@@ -48,13 +48,12 @@ class IptablesBackend:
         return self._renderer.render(desired)
 
     def observe(self) -> IptablesModel:
-        """Our chains and jumps: one `<cmd>-save` of all tables per family, both run at once, each
-        parsed as it is read. (The nft flavour's save fetches every table whatever `-t` says:
-        10k services, `-t nat` then `-t filter` cost 2.85 s, one save of all tables 2 s.)"""
+        """Our chains and jumps: one `<cmd>-save` of all tables per family (see kernel.read_save),
+        both run at once, each parsed as it is read."""
         flavour = self.flavour
 
         def read(cmd: str) -> dict[str, TableState]:
-            return kernel.read_save(cmd, flavour, None, parse_our_tables)
+            return kernel.read_save(cmd, flavour, parse_our_tables)
 
         families: dict[str, dict[str, TableState]] = {}
         with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
@@ -120,12 +119,6 @@ def _only_tables(lines: Iterable[str], tables: tuple[str, ...]) -> Iterator[str]
         if line[:1] == "*":
             keep = line.rstrip() in heads
         yield line if keep else ""
-
-
-def parse_ours(text: str | Iterable[str], table: str) -> TableState:
-    """Our chains and our jumps from one table of iptables-save output, or its lines as they are
-    read (other tables ignored)."""
-    return _ours(parse_save(text), table)
 
 
 def _ours(rs: Ruleset, table: str) -> TableState:

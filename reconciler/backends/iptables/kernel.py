@@ -26,7 +26,6 @@ T = TypeVar("T")
 FLAVOURS = ("nft", "legacy")
 FLAVOUR_ENV = "RECONCILER_IPTABLES_FLAVOUR"
 _HINT = re.compile(r"^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY)\b", re.M)
-_MISSING_TABLE = ("Table does not exist", "does not exist (do you need to insmod", "can't initialize")
 RESTORE_WAIT = ("-w", "5")  # 1.8.x: -W (wait interval) is deprecated and ignored, legacy warns about it
 
 
@@ -68,12 +67,15 @@ def detect_flavour() -> str:
     return "nft"
 
 
-def read_save(cmd: str, flavour: str, table: str | None, parse: Callable[[Iterator[str]], T]) -> T:
-    """parse(lines of `<cmd>-<flavour>-save -t TABLE`, or of all tables when table is None) while
-    the tool still writes them: the output text is never whole in memory (10k services: 24 MB).
-    No lines when the table does not exist; KernelError when the tool fails (whatever parse made
-    of its output)."""
-    argv = [binary(cmd, flavour, "save"), *(("-t", table) if table else ())]
+def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
+    """parse(lines of `<cmd>-<flavour>-save`, all tables) while the tool still writes them: the
+    output text is never whole in memory (10k services: 24 MB). A table that is not there is
+    simply not in the output; KernelError when the tool fails (whatever parse made of its output).
+
+    All tables, not `-t`: the nft flavour fetches every table whatever `-t` says (10k services:
+    `-t nat` then `-t filter` 2.85 s, all at once 2 s), and the legacy one would load a table
+    it is asked for."""
+    argv = [binary(cmd, flavour, "save")]
     with tempfile.TemporaryFile("w+") as err:
         try:
             proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -91,10 +93,7 @@ def read_save(cmd: str, flavour: str, table: str | None, parse: Callable[[Iterat
         err.seek(0)
         stderr = err.read()
     if proc.returncode != 0:
-        if any(m in stderr for m in _MISSING_TABLE):
-            return parse(iter(()))
-        raise KernelError(f"{' '.join([f'{cmd}-{flavour}-save', *argv[1:]])} exited {proc.returncode}: "
-                          f"{stderr.strip()}")
+        raise KernelError(f"{cmd}-{flavour}-save exited {proc.returncode}: {stderr.strip()}")
     if failure is not None:
         raise failure
     return result  # type: ignore[return-value]

@@ -48,7 +48,7 @@ _STRING_OPTIONS = frozenset(
     {"--comment", "--log-prefix", "--nflog-prefix", "--ulog-prefix", "--helper", "--nfacct-name"}
 )
 _SAFE_RE = re.compile(r"[A-Za-z0-9_-]+")
-_ESCAPED_RE = re.compile(r"[\"\\\\']")
+_ESCAPED_RE = re.compile(r"[\"\\']")
 _NEEDS_QUOTES_RE = re.compile(r'[ \t\n"]')
 _WS = " \t\n"
 _JUMPS = frozenset({"-j", "--jump", "-g", "--goto"})
@@ -147,7 +147,8 @@ def quote_arg(arg: str, *, after: str | None = None) -> str:
 
 
 def _join(args: Iterable[str]) -> str:
-    """quote_arg() of each argument (after the one before it), joined by spaces."""
+    """quote_arg() of each argument (after the one before it), joined by spaces: its test written
+    out here, as this runs for every argument of every rule a plan writes."""
     out: list[str] = []
     quote = False
     for a in args:
