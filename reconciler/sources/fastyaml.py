@@ -65,11 +65,11 @@ _CONTENT_LINE = re.compile(r"^[ \t]*[^ \t\r\n#]", re.M)
 # tags (it drops unknown ones), merge keys (it keeps "<<" as a key), tabs (it takes them as
 # indentation), carriage returns and NEL/LS/PS (line breaks: files are read with newlines made
 # "\n"), a byte order mark past the start, characters YAML does not allow (it stops at a NUL
-# without a word), complex keys ("? ", or a flow collection before ":"), and plain scalars
+# without a word), complex keys ("? ", or a key that is a flow collection), and plain scalars
 # that start like a number in a notation it reads more loosely (0x/0o/0b in any case, "_1",
 # ".Nan"). The patterns may also match harmless text: that text just takes the slower path.
 _BAD_CHARS = re.compile(r"[^\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\ufeff\x85\u2028\u2029]")
-_SUSPECT = re.compile(r"^[ -]*\?(?:[ \n]|$)|[}\]] *:(?:[ \n]|$)"
+_SUSPECT = re.compile(r"^[ -]*\?(?:[ \n]|$)|(?:^[ -]*|[{,\[] *)[\[{][^\n]*?[}\]] *:(?:[ \n]|$)"
                       r"|(?:^[ -]*|[:,\[] *)[+-]?(?:_|0[xXoObB]|\.[A-Za-z])", re.M)
 
 

@@ -40,6 +40,31 @@ endpoints:
     zone:
 """
 
+MANAGED = """\
+apiVersion: v1
+kind: Service
+metadata:
+  annotations:
+    kubectl.kubernetes.io/last-applied-configuration: |
+      {"apiVersion":"v1","kind":"Service","metadata":{"name":"web"},"spec":{"ports":[{"port":80}]}}
+  creationTimestamp: "2024-05-01T10:00:00Z"
+  managedFields:
+  - apiVersion: v1
+    fieldsType: FieldsV1
+    fieldsV1:
+      f:spec:
+        f:ports:
+          .: {}
+          k:{"port":80,"protocol":"TCP"}:
+            .: {}
+            f:port: {}
+    manager: kubectl-client-side-apply
+    time: "2024-05-01T10:00:00Z"
+  name: web
+  uid: 7f1c2d3e-aaaa-bbbb-cccc-123456789abc
+spec: {clusterIP: 10.96.0.10, ports: [{port: 80, protocol: TCP, targetPort: 8080}]}
+"""
+
 CASES = {
     "one document": "apiVersion: v1\nkind: Service\nmetadata: {name: a}\n",
     "a stream": "a: 1\n---\nb: [1, 2]\n--- # second\nc: {d: e}\n",
@@ -56,6 +81,7 @@ CASES = {
     "a slice": SLICE,
     "a slice after a service": "kind: Service\nspec: {clusterIP: None}\n---\n" + SLICE,
     "a byte order mark": "\ufeffapiVersion: v1\nkind: Service\n",
+    "kubectl output with managed fields": MANAGED,
     "a byte order mark before a stream": "\ufeff---\na: 1\n---\nb: 2\n",
 }
 
@@ -105,7 +131,7 @@ def test_timestamps_stay_strings() -> None:
     "a: \x07\n", "a: x\x85y\n",             # not allowed / a line break to YAML
     "\ta: 1\n",                            # a tab as indentation
     "a: 1\n---#c\nb: 2\n",                  # no marker: "---" needs a space before a comment
-    "{a: 1}: c\n", "? a\n: 1\n",            # complex keys
+    "{a: 1}: c\n", "? a\n: 1\n", "- [a, b]: c\n", "x: {[a]: 1}\n",  # complex keys
     "a: _1\n", "a: 0X10\n", "a: 0B1\n", "a: .Nan\n", "a: 0x1F\n", "a: [-0o17]\n",  # loose numbers
 ])
 def test_the_compiled_path_declines_what_it_would_read_differently(text: str) -> None:
