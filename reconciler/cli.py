@@ -174,7 +174,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"cleanup ({mode}): " + (f"{len(ops)} operations removed what service-reconciler owned"
                                            if ops else "nothing of ours to remove"))
         return EXIT_OK
-    planned = plan_against_kernel(backend, args.source, opts)
+    planned = plan_against_kernel(backend, args.source, opts, describe=args.command == "plan")
     if args.command == "plan":
         print(planned.plan.to_json() if args.output == "json" else planned.plan.to_text())
         return EXIT_OK if planned.plan.empty else EXIT_CHANGES

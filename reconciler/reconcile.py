@@ -42,16 +42,30 @@ class Planned:
     desired_model: Any
     observed_model: Any  # None once apply() has verified
     other_mode_cleanup: list[Operation] = field(default_factory=list)
+    described: bool = True  # plan.services filled in (see describe())
+
+    def describe(self, backend: Any) -> None:
+        """Fill in plan.services, the plan in service terms (once): what the service ports touched
+        by the operations look like before and after."""
+        if self.described:
+            return
+        touched = touched_services(self.plan.operations[:len(self.plan.operations) - len(self.other_mode_cleanup)])
+        if touched:
+            self.plan.services = service_changes(backend.service_view(self.observed_model, touched),
+                                                 backend.service_view(self.desired_model, touched))
+        self.described = True
 
 
 def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
               other_mode: bool | None = None, want: Any = None,
-              leftovers: list[Operation] | None = None) -> Planned:
+              leftovers: list[Operation] | None = None, describe: bool = True) -> Planned:
     """Diff the rendered desired model (`want`: rendered now unless given) against the kernel
     (observed now unless given).
 
     A full plan (by default when the kernel is observed here) also removes what the other mode
     left behind (`leftovers`: found already), so switching `--mode` leaves only one mode's objects.
+    describe=False leaves the plan in service terms to Planned.describe() (apply() fills it in
+    while the kernel works).
     """
     if want is None:
         want = backend.render(desired)
@@ -60,14 +74,14 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
     other: list[Operation] = []
     if other_mode if other_mode is not None else observed_model is None:
         other = other_mode_leftovers(backend.mode) if leftovers is None else leftovers
-    plan = Plan(backend.mode, desired.node.name, operations=ops + other)
-    touched = touched_services(ops)
-    if touched:
-        plan.services = service_changes(backend.service_view(have, touched), backend.service_view(want, touched))
-    return Planned(plan, want, have, other)
+    planned = Planned(Plan(backend.mode, desired.node.name, operations=ops + other), want, have, other,
+                      described=False)
+    if describe:
+        planned.describe(backend)
+    return planned
 
 
-def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
+def plan_against_kernel(backend: Any, source: str, options: Options, describe: bool = True) -> Planned:
     """Read the kernel while the manifests load and render, then plan: the one-shot commands' path.
 
     A backend whose model pickles cheaply and whose parsing is heavy (observe_in = "process":
@@ -91,7 +105,8 @@ def plan_against_kernel(backend: Any, source: str, options: Options) -> Planned:
         except BrokenProcessPool as exc:  # the child died (killed, out of memory): read here instead
             log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
             observed_model = backend.observe()
-        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=other.result())
+        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=other.result(),
+                         describe=describe)
 
 
 def _observe(backend: Any) -> Any:
@@ -141,8 +156,9 @@ def other_mode_leftovers(mode: str) -> list[Operation]:
 
 
 def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
-    """Run the plan atomically, clear stale UDP conntrack entries, remove the other mode's
-    leftovers, then verify: re-observed, the kernel must need no change.
+    """Run the plan atomically (describing it in service terms meanwhile, if not done yet), clear
+    stale UDP conntrack entries, remove the other mode's leftovers, then verify: re-observed, the
+    kernel must need no change.
 
     Returns the model the kernel now holds (the desired one). Verifying first drops
     planned.observed_model: two read-backs of a big ruleset need not be alive at once. With
@@ -152,7 +168,14 @@ def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
     ops = planned.plan.operations
     own = ops[:len(ops) - len(planned.other_mode_cleanup)]
     if own:
-        backend.apply(own)
+        if planned.described:
+            backend.apply(own)
+        else:  # describe the plan while the kernel takes the transaction (10k services, cold:
+            # 0.4 s nftables, 0.7 s iptables, against seconds of `nft -f` / `iptables-restore`)
+            with ThreadPoolExecutor(max_workers=1) as kernel:
+                done = kernel.submit(backend.apply, own)
+                planned.describe(backend)
+                done.result()
         udp = {s for s in touched_services(own) if s.endswith("/UDP")}
         stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model, udp),
                                           backend.service_view(planned.desired_model, udp)) if udp else []
@@ -161,6 +184,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
     if planned.other_mode_cleanup:
         get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
+    planned.describe(backend)  # (when nothing of ours was applied)
     if not verify:
         return planned.desired_model
     planned.observed_model = None  # not needed any more: let it go before the kernel is read again

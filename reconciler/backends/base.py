@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import IO, Any, Literal, Protocol
 
 from ..state import DesiredState
 
@@ -61,3 +64,28 @@ class Backend(Protocol):
 
 class KernelError(Exception):
     """A kernel tool failed; carries its command and output."""
+
+
+def run_tool(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a kernel tool (`nft -f -`, `iptables-restore`, ...) to completion, its output captured.
+
+    Its input is a file in memory, not a pipe we feed: a big transaction (10k services: 10-24 MB)
+    is then read at the tool's own pace while this process's threads do other work (feeding a pipe
+    takes the interpreter lock for every 4 KiB written). KernelError when it cannot be started.
+    """
+    try:
+        if stdin is None:
+            return subprocess.run(argv, capture_output=True, text=True, check=False)
+        with _memory_file() as fh:
+            fh.write(stdin.encode())
+            fh.seek(0)
+            return subprocess.run(argv, stdin=fh, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise KernelError(f"{argv[0]}: {exc}") from None
+
+
+def _memory_file() -> IO[bytes]:
+    try:
+        return open(os.memfd_create("service-reconciler-input"), "w+b")
+    except (AttributeError, OSError):  # no memfd (not Linux, or an old kernel)
+        return tempfile.TemporaryFile()

@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Callable, Iterator, TypeVar
 
-from ..base import KernelError
+from ..base import KernelError, run_tool
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -39,10 +39,7 @@ def binary(cmd: str, flavour: str, tool: str) -> str:
 
 
 def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise KernelError(f"{argv[0]}: {exc}") from None
+    return run_tool(argv, stdin)
 
 
 def detect_flavour() -> str:

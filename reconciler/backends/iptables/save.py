@@ -232,14 +232,21 @@ class Rule:
     @property
     def comment(self) -> str | None:
         """Value of the first ``-m comment --comment X``, or None."""
-        if "--comment" not in self.args:  # (a tuple search in C: most rules answer here)
+        args, n = self.args, len(self.args)
+        if "--comment" not in args:  # (a tuple search in C: rules without one answer here)
             return None
-        seen_match = False
-        for opt, val in self._options():
-            if opt in ("-m", "--match") and val == "comment":
-                seen_match = True
-            elif opt == "--comment" and seen_match:
-                return val
+        i, seen_match = 0, False
+        while i < n:  # _options() without the generator, as in target
+            a = args[i]
+            if a in _VALUED_OPTIONS:
+                value = args[i + 1] if i + 1 < n else None
+                if a == "--comment" and seen_match:
+                    return value
+                if a in ("-m", "--match") and value == "comment":
+                    seen_match = True
+                i += 2
+            else:
+                i += 1
         return None
 
     @property

@@ -16,7 +16,7 @@ import subprocess
 import threading
 from typing import Any
 
-from ..base import KernelError
+from ..base import KernelError, run_tool
 
 IN_PROCESS_MAX_BYTES = 256 * 1024  # bigger transactions run in an `nft -f` child
 
@@ -46,7 +46,7 @@ def run_script(script: str) -> None:
     if len(script) <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
         error = _LIBNFT.run(script)
     else:
-        proc = subprocess.run([nft_binary(), "-f", "-"], input=script, capture_output=True, text=True, check=False)
+        proc = run_tool([nft_binary(), "-f", "-"], script)
         error = proc.stderr.strip() if proc.returncode != 0 else None
     if error is not None:
         raise KernelError(f"nft -f failed (nothing was changed): {error}")

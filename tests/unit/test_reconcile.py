@@ -1,0 +1,89 @@
+"""The one-shot pass around the backend: the plan described in service terms while the kernel
+takes the transaction, and kernel tools fed their input from a file in memory."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from helpers import build, endpoint, endpoint_slice, service
+
+from reconciler.backends.base import KernelError, Operation, run_tool
+from reconciler.reconcile import apply, make_plan
+
+
+class SlowKernel:
+    """A kernel model {service port id: digest} whose transaction waits until the plan is being
+    described (or 5 s): it tells whether the two overlapped."""
+
+    mode = "fake"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.kernel: dict[str, str] = {}
+        self.describing = threading.Event()
+        self.overlapped: bool | None = None
+        self.apply_thread: int | None = None
+        self.fail = fail
+
+    def render(self, desired: Any) -> dict[str, str]:
+        return {s.id: s.digest() for s in desired.services}
+
+    def observe(self) -> dict[str, str]:
+        return dict(self.kernel)
+
+    def diff(self, want: dict[str, str], have: dict[str, str]) -> list[Operation]:
+        return [Operation("+", "service", sid, f"add {sid} {d}", sid) for sid, d in sorted(want.items())
+                if have.get(sid) != d]
+
+    def unconverged(self, want: dict[str, str]) -> list[Operation]:
+        return self.diff(want, self.observe())
+
+    def apply(self, ops: list[Operation]) -> None:
+        self.apply_thread = threading.get_ident()
+        self.overlapped = self.describing.wait(5)
+        if self.fail:
+            raise KernelError("refused")
+        for op in ops:
+            self.kernel[op.name] = op.text.split()[-1]
+
+    def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
+        self.describing.set()
+        return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items() if only is None or sid in only}
+
+
+def desired():
+    return build([service("web", "10.96.0.10", [{"name": "http", "port": 80}]),
+                  service("db", "10.96.0.11", [{"name": "sql", "port": 5432}]),
+                  endpoint_slice("web", [endpoint("10.244.1.5")])])
+
+
+def test_apply_describes_the_plan_while_the_kernel_takes_the_transaction() -> None:
+    backend = SlowKernel()
+    planned = make_plan(backend, desired(), observed_model={}, describe=False)
+    assert not planned.described and planned.plan.services == []
+    assert apply(backend, planned) == backend.kernel
+    assert backend.overlapped and backend.apply_thread != threading.get_ident()
+    assert planned.described
+    assert sorted((s.action, s.service) for s in planned.plan.services) == [
+        ("+", "default/db:sql/TCP"), ("+", "default/web:http/TCP")]
+
+
+def test_a_described_plan_applies_in_this_thread_and_a_refused_transaction_still_raises() -> None:
+    backend = SlowKernel()
+    planned = make_plan(backend, desired(), observed_model={})  # described here, as `plan` does
+    assert len(planned.plan.services) == 2  # (which set backend.describing: apply will not wait)
+    apply(backend, planned)
+    assert backend.apply_thread == threading.get_ident()
+    failing = SlowKernel(fail=True)
+    with pytest.raises(KernelError, match="refused"):
+        apply(failing, make_plan(failing, desired(), observed_model={}, describe=False))
+
+
+def test_kernel_tools_get_their_whole_input_from_a_file_in_memory() -> None:
+    text = "".join(f"add element ip t s {{ 10.0.{i // 256}.{i % 256} }}\n" for i in range(40000))  # ~1.3 MB
+    proc = run_tool(["sh", "-c", "test ! -p /dev/stdin && cat"], text)  # not a pipe, and all of it
+    assert proc.returncode == 0 and proc.stdout == text
+    assert run_tool(["sh", "-c", "echo out; echo err >&2; exit 3"]).stderr == "err\n"
+    with pytest.raises(KernelError, match="no-such-tool"):
+        run_tool(["/nonexistent/no-such-tool"], "x")
