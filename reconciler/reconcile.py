@@ -174,8 +174,10 @@ def apply(backend: Any, planned: Planned, verify: bool = True) -> Any:
             # 0.4 s nftables, 0.7 s iptables, against seconds of `nft -f` / `iptables-restore`)
             with ThreadPoolExecutor(max_workers=1) as kernel:
                 done = kernel.submit(backend.apply, own)
-                planned.describe(backend)
-                done.result()
+                try:
+                    planned.describe(backend)
+                finally:
+                    done.result()  # the transaction's outcome first: its error wins
         udp = {s for s in touched_services(own) if s.endswith("/UDP")}
         stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model, udp),
                                           backend.service_view(planned.desired_model, udp)) if udp else []

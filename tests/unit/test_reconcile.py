@@ -87,3 +87,14 @@ def test_kernel_tools_get_their_whole_input_from_a_file_in_memory() -> None:
     assert run_tool(["sh", "-c", "echo out; echo err >&2; exit 3"]).stderr == "err\n"
     with pytest.raises(KernelError, match="no-such-tool"):
         run_tool(["/nonexistent/no-such-tool"], "x")
+
+
+def test_a_failing_transaction_is_reported_even_when_describing_fails_too() -> None:
+    class Broken(SlowKernel):
+        def service_view(self, model, only=None):
+            self.describing.set()
+            raise KeyError("describe")
+
+    backend = Broken(fail=True)
+    with pytest.raises(KernelError, match="refused"):
+        apply(backend, make_plan(backend, desired(), observed_model={}, describe=False))
