@@ -5,7 +5,9 @@
 
 For every size and backend it measures, with the reconciler's own CLI in a fresh namespace:
 cold apply, no-op plan, one endpoint changed (plan, then apply), one service added (apply), and the
-`run` daemon: time from a file change to the kernel updated, and its peak RSS (cold apply RSS: the
+`run` daemon: time from a file change to the kernel updated, and its peak RSS, starting on a kernel
+already programmed (warm) and on an empty one (cold start: its first sync programs everything)
+(cold apply RSS: the
 largest of the command and its children, which at 10k is `nft -f` itself). Beside each figure
 it prints the floor measured in the same run: the kernel tool alone doing the same work on exactly
 the ruleset we generate (`nft -f` / `nft -j list`, `iptables-restore` / `iptables-save`). Cold
@@ -176,6 +178,7 @@ def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[
         f["run"] = bench_run(ns, state_dir, mode, services, endpoints)
     finally:
         ns.close()
+    f["run"]["cold start RSS MiB"] = bench_run_cold(state_dir, mode)
     return f
 
 
@@ -192,13 +195,44 @@ def measure(ns: Netns, argv: list[str], expect: int | None = None) -> tuple[floa
     return seconds, usage.ru_maxrss / 1024
 
 
+def run_argv(state_dir: str, mode: str) -> list[str]:
+    return reconciler("run", "--source", state_dir, "--mode", mode, *FLAGS, "--log-format", "json",
+                      "--sync-period", "1h", "--min-sync-period", "0s",
+                      "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0")
+
+
+def daemon_peak_rss(proc: subprocess.Popen[str]) -> float:
+    with open(f"/proc/{proc.pid}/status") as fh:  # `ip netns exec` execs: this is the daemon
+        return int(re.search(r"VmHWM:\s+(\d+)", fh.read()).group(1)) / 1024
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def bench_run_cold(state_dir: str, mode: str) -> float:
+    """Peak RSS of `reconciler run` starting on an empty kernel: its first sync programs everything
+    (a node's first start), where the other run figures start on a kernel already programmed."""
+    ns = Netns("runcold")
+    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
+    proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode)), stdout=log, stderr=log, text=True)
+    try:
+        wait_for_syncs(log.name, 1, timeout=600)
+        return daemon_peak_rss(proc)
+    finally:
+        stop(proc)
+        os.unlink(log.name)
+        ns.close()
+
+
 def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: int) -> dict[str, Any]:
     """`reconciler run`: event -> kernel latency for one endpoint change and one added service."""
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    argv = reconciler("run", "--source", state_dir, "--mode", mode, *FLAGS, "--log-format", "json",
-                      "--sync-period", "1h", "--min-sync-period", "0s",
-                      "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0")
-    proc = subprocess.Popen(ns.argv(argv), stdout=log, stderr=log, text=True)
+    proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode)), stdout=log, stderr=log, text=True)
     out: dict[str, Any] = {}
     try:
         wait_for_syncs(log.name, 1, timeout=600)
@@ -213,14 +247,9 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
                 done = wait_for_syncs(log.name, n + 1, timeout=60)
                 samples.append(done - t)
             out[label] = sorted(samples)[len(samples) // 2]
-        with open(f"/proc/{proc.pid}/status") as fh:  # `ip netns exec` execs: this is the daemon
-            out["peak RSS MiB"] = int(re.search(r"VmHWM:\s+(\d+)", fh.read()).group(1)) / 1024
+        out["peak RSS MiB"] = daemon_peak_rss(proc)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         shutil.rmtree(os.path.join(state_dir, "added"), ignore_errors=True)
         os.unlink(log.name)
     return out
@@ -305,7 +334,8 @@ def print_row(r: Row, file: Any = sys.stdout) -> None:
 def print_table(rows: list[Row]) -> None:
     print("| size | backend | cold apply (load floor, ratio) | cold apply / (load + read floor) "
           "| no-op plan (read floor, ratio) | 1 endpoint: plan / apply "
-          "| +1 service: apply | run: 1 endpoint / +1 service, event->kernel | run peak RSS | cold apply RSS |")
+          "| +1 service: apply | run: 1 endpoint / +1 service, event->kernel | run peak RSS: warm / cold start "
+          "| cold apply RSS |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f = r.figures
@@ -318,7 +348,8 @@ def print_table(rows: list[Row]) -> None:
               f"| {fmt(f['1 endpoint: plan'])} / {fmt(f['1 endpoint: apply'])} "
               f"| {fmt(f['+1 service: apply'])} "
               f"| {fmt(run.get('1 endpoint', float('nan')))} / {fmt(run.get('+1 service', float('nan')))} "
-              f"| {run.get('peak RSS MiB', 0):.0f} MiB | {f['cold apply RSS MiB']:.0f} MiB |")
+              f"| {run.get('peak RSS MiB', 0):.0f} / {run.get('cold start RSS MiB', 0):.0f} MiB "
+              f"| {f['cold apply RSS MiB']:.0f} MiB |")
 
 
 if __name__ == "__main__":

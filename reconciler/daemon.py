@@ -26,6 +26,7 @@ import math
 import signal
 import sys
 import threading
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
@@ -441,24 +442,26 @@ class Daemon:
                 planned = make_plan(self.backend, desired)
             else:
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model)
-            ops = planned.plan.operations
             drift = self._drift(full, desired, planned)
+            operations = len(planned.plan.operations)
+            by_action = Counter(op.action for op in planned.plan.operations)
+            counts = Counter(s.action for s in planned.plan.services)
             # nothing to do: the kernel equals the desired model; keep that one (the renderer's
-            # objects, which the next diff recognises by identity), not a second, observed copy
-            after = apply(self.backend, planned, verify=full) if ops else planned.desired_model
+            # objects, which the next diff recognises by identity), not a second, observed copy.
+            # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
+            after = apply(self.backend, planned, verify=full, release=True) if operations else planned.desired_model
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
             return self._failed(kind, start, exc, quiet=not full)
         seconds = self.clock.monotonic() - start
         self.applied_model = after
         self.applied_desired = desired
         self._need_full = False
-        counts = {a: sum(1 for s in planned.plan.services if s.action == a) for a in "+~-"}
-        report = SyncReport(kind, True, len(ops), drift, counts["+"], counts["~"], counts["-"], seconds)
+        report = SyncReport(kind, True, operations, drift, counts["+"], counts["~"], counts["-"], seconds)
         if drift:
             log.warning("repaired drift: %d operations", drift, extra=_fields(drift_operations=drift))
             self.metrics.drift_repairs.inc()
             self.metrics.drift_operations.inc(drift)
-        self._after_success(report, desired, ops)
+        self._after_success(report, desired, by_action)
         return report
 
     def _drift(self, full: bool, desired: DesiredState, planned: Planned) -> int:
@@ -484,13 +487,13 @@ class Daemon:
             self.health.queued_update()  # something is still to be done: ages toward unhealthy
         return SyncReport(kind, False, seconds=seconds, error=msg)
 
-    def _after_success(self, report: SyncReport, desired: DesiredState, ops: list[Any]) -> None:
+    def _after_success(self, report: SyncReport, desired: DesiredState, by_action: Counter[str]) -> None:
         m = self.metrics
         m.sync_duration.observe(report.seconds)
         (m.full_sync_duration if report.kind == "full" else m.partial_sync_duration).observe(report.seconds)
         m.last_sync.set(self.clock.time())
         m.syncs.labels(report.kind, "success").inc()
-        m.observe_operations(ops)
+        m.observe_operations(by_action)
         m.set_no_local_endpoints(desired)
         m.services.set(len(desired.services))
         # trigger times of the slices that changed since the last applied sync

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -96,10 +96,12 @@ class Metrics:
             for result in ("success", "error"):
                 self.syncs.labels(kind, result)
 
-    def observe_operations(self, ops: Iterable[Any]) -> None:
+    def observe_operations(self, by_action: Mapping[str, int]) -> None:
+        """Count kernel operations applied, given as {action ("+", "-", "~"): how many}."""
         names = {"+": "add", "-": "delete", "~": "replace"}
-        for op in ops:
-            self.kernel_operations.labels(names.get(op.action, str(op.action))).inc()
+        for action, n in by_action.items():
+            if n:
+                self.kernel_operations.labels(names.get(action, str(action))).inc(n)
 
     def set_no_local_endpoints(self, desired: DesiredState) -> None:
         """Gauges per traffic policy, updated from the service ports that changed since the last

@@ -66,22 +66,32 @@ class KernelError(Exception):
     """A kernel tool failed; carries its command and output."""
 
 
-def run_tool(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a kernel tool (`nft -f -`, `iptables-restore`, ...) to completion, its output captured.
 
-    Its input is a file in memory, not a pipe we feed: a big transaction (10k services: 10-24 MB)
-    is then read at the tool's own pace while this process's threads do other work (feeding a pipe
-    takes the interpreter lock for every 4 KiB written). KernelError when it cannot be started.
+    Its input (a text, or its lines) is a file in memory, not a pipe we feed: a big transaction
+    (10k services: 10-24 MB) is then read at the tool's own pace while this process's threads do
+    other work (feeding a pipe takes the interpreter lock for every 4 KiB written). It is written
+    a piece at a time: no second copy of it in this process. KernelError when it cannot be started.
     """
     try:
         if stdin is None:
             return subprocess.run(argv, capture_output=True, text=True, check=False)
         with _memory_file() as fh:
-            fh.write(stdin.encode())
+            if isinstance(stdin, str):
+                for i in range(0, len(stdin), _CHUNK):
+                    fh.write(stdin[i:i + _CHUNK].encode())
+            else:
+                for i in range(0, len(stdin), _CHUNK_LINES):
+                    fh.write(("\n".join(stdin[i:i + _CHUNK_LINES]) + "\n").encode())
             fh.seek(0)
             return subprocess.run(argv, stdin=fh, capture_output=True, text=True, check=False)
     except OSError as exc:
         raise KernelError(f"{argv[0]}: {exc}") from None
+
+
+_CHUNK = 1 << 20  # characters
+_CHUNK_LINES = 8192
 
 
 def _memory_file() -> IO[bytes]:

@@ -84,6 +84,8 @@ def test_kernel_tools_get_their_whole_input_from_a_file_in_memory() -> None:
     text = "".join(f"add element ip t s {{ 10.0.{i // 256}.{i % 256} }}\n" for i in range(40000))  # ~1.3 MB
     proc = run_tool(["sh", "-c", "test ! -p /dev/stdin && cat"], text)  # not a pipe, and all of it
     assert proc.returncode == 0 and proc.stdout == text
+    lines = text.splitlines()  # as lines (iptables-restore's input): written in pieces, same bytes
+    assert run_tool(["cat"], lines).stdout == text
     assert run_tool(["sh", "-c", "echo out; echo err >&2; exit 3"]).stderr == "err\n"
     with pytest.raises(KernelError, match="no-such-tool"):
         run_tool(["/nonexistent/no-such-tool"], "x")
@@ -98,3 +100,22 @@ def test_a_failing_transaction_is_reported_even_when_describing_fails_too() -> N
     backend = Broken(fail=True)
     with pytest.raises(KernelError, match="refused"):
         apply(backend, make_plan(backend, desired(), observed_model={}, describe=False))
+
+
+def test_release_lets_the_plan_go_before_the_kernel_is_read_back() -> None:
+    seen = {}
+
+    class Verifying(SlowKernel):
+        def unconverged(self, want):
+            seen["operations"], seen["services"] = list(planned.plan.operations), list(planned.plan.services)
+            return super().unconverged(want)
+
+    backend = Verifying()
+    planned = make_plan(backend, desired(), observed_model={})
+    assert planned.plan.operations and planned.plan.services
+    apply(backend, planned, release=True)
+    assert seen == {"operations": [], "services": []} and len(backend.kernel) == 2
+    backend = Verifying()
+    planned = make_plan(backend, desired(), observed_model={})
+    apply(backend, planned)  # without release (the CLI prints the plan afterwards): all still there
+    assert len(seen["operations"]) == 2 and len(seen["services"]) == 2

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator
 from ...state import DesiredState
 from ..base import Operation
 from . import kernel
-from .diff import diff, restore_inputs, rule_owner, script
+from .diff import diff, restore_lines, rule_owner, script
 from .render import (
     COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX, TABLES,
     IptablesModel, Renderer, TableState, chain_hash, is_builtin, is_ours, is_service_chain,
@@ -72,8 +72,8 @@ class IptablesBackend:
     def apply(self, operations: list[Operation]) -> None:
         """One `<cmd>-restore --noflush` per family (iptables first), each table committed atomically."""
         self.last_restore_seconds = {}
-        for cmd, text in restore_inputs(operations).items():
-            self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, text)
+        for cmd, lines in restore_lines(operations).items():
+            self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
 
     def script(self, operations: list[Operation]) -> str:
         return script(operations)

@@ -72,9 +72,10 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
             edits += edit
             continue
         svc = chain_owner(name, rules)
-        declare.append(Operation("+" if old is None else "~", "chain", obj(name), f":{name} - [0:0]", svc))
+        where = obj(name)  # one string for the chain and all its rules
+        declare.append(Operation("+" if old is None else "~", "chain", where, f":{name} - [0:0]", svc))
         for r in rules:
-            fill.append(Operation("+", "rule", obj(name), r.to_text(counters=False), rule_owner(r) or svc))
+            fill.append(Operation("+", "rule", where, r.to_text(counters=False), rule_owner(r) or svc))
     for name in sorted(set(have.chains) - set(want.chains)):
         old = have.chains[name]
         svc = chain_owner(name, old)
@@ -139,21 +140,27 @@ def _phase(text: str) -> int:
     return 2  # -D, -I
 
 
-def restore_inputs(ops: list[Operation]) -> dict[str, str]:
-    """command ('iptables' / 'ip6tables') -> its `<command>-restore --noflush` input."""
+def restore_lines(ops: list[Operation]) -> dict[str, list[str]]:
+    """command ('iptables' / 'ip6tables') -> the lines of its `<command>-restore --noflush` input
+    (the operations' own strings: at 10k services the text would be 24 MB more)."""
     groups: dict[str, dict[str, list[str]]] = {}
     for op in ops:
         cmd, table, _ = op.name.split(" ", 2)
         groups.setdefault(cmd, {}).setdefault(table, []).append(op.text)
-    out: dict[str, str] = {}
+    out: dict[str, list[str]] = {}
     for cmd in sorted(groups, key=lambda c: list(COMMANDS.values()).index(c) if c in COMMANDS.values() else 9):
         lines: list[str] = []
         for table, texts in groups[cmd].items():
             lines.append(f"*{table}")
             lines += sorted(texts, key=_phase)  # stable: keeps the order inside each phase
             lines.append("COMMIT")
-        out[cmd] = "\n".join(lines) + "\n"
+        out[cmd] = lines
     return out
+
+
+def restore_inputs(ops: list[Operation]) -> dict[str, str]:
+    """command ('iptables' / 'ip6tables') -> its `<command>-restore --noflush` input."""
+    return {cmd: "\n".join(lines) + "\n" for cmd, lines in restore_lines(ops).items()}
 
 
 def script(ops: list[Operation]) -> str:

@@ -38,7 +38,7 @@ def binary(cmd: str, flavour: str, tool: str) -> str:
     return path
 
 
-def _run(argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], stdin: str | list[str] | None = None) -> subprocess.CompletedProcess[str]:
     return run_tool(argv, stdin)
 
 
@@ -96,28 +96,29 @@ def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
     return result  # type: ignore[return-value]
 
 
-def restore(cmd: str, flavour: str, text: str) -> float:
-    """Run `text` with `<cmd>-<flavour>-restore --noflush -w 5`; returns the seconds it took.
+def restore(cmd: str, flavour: str, text: str | list[str]) -> float:
+    """Run `text` (or its lines) with `<cmd>-<flavour>-restore --noflush -w 5`; returns the
+    seconds it took.
 
     Each table (between `*table` and `COMMIT`) is committed atomically; on failure the tool reports
     the failing line and that table is left unchanged.
     """
-    if not text.strip():
+    lines = text.splitlines() if isinstance(text, str) else text
+    if not any(line.strip() for line in lines):
         return 0.0
     argv = [binary(cmd, flavour, "restore"), "--noflush", *RESTORE_WAIT]
     start = time.monotonic()
-    proc = _run(argv, stdin=text)
+    proc = _run(argv, stdin=lines)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise KernelError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}\n"
-                          f"--- input ---\n{_excerpt(text, proc.stderr)}")
-    log.debug("%s-restore (%s): %d lines in %.3fs", cmd, flavour, text.count("\n"), elapsed)
+                          f"--- input ---\n{_excerpt(lines, proc.stderr)}")
+    log.debug("%s-restore (%s): %d lines in %.3fs", cmd, flavour, len(lines), elapsed)
     return elapsed
 
 
-def _excerpt(text: str, stderr: str) -> str:
+def _excerpt(lines: list[str], stderr: str) -> str:
     """The input around the line restore complained about ('... failed ... line N')."""
-    lines = text.splitlines()
     m = re.search(r"line:? (\d+)", stderr)
     if not m:
         return "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
