@@ -439,13 +439,13 @@ class Daemon:
         assert desired is not None
         try:
             if full or self.applied_model is None:
-                planned = make_plan(self.backend, desired)
+                planned = make_plan(self.backend, desired, describe=False)
             else:
-                planned = make_plan(self.backend, desired, observed_model=self.applied_model)
+                planned = make_plan(self.backend, desired, observed_model=self.applied_model, describe=False)
             drift = self._drift(full, desired, planned)
             operations = len(planned.plan.operations)
             by_action = Counter(op.action for op in planned.plan.operations)
-            counts = Counter(s.action for s in planned.plan.services)
+            counts = planned.count_services(self.backend)  # the numbers, not the description
             # nothing to do: the kernel equals the desired model; keep that one (the renderer's
             # objects, which the next diff recognises by identity), not a second, observed copy.
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).

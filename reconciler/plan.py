@@ -7,6 +7,7 @@ desired kernel models; only the service ports whose views differ are diffed.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,16 @@ def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict
         else:
             out.append(ServiceChange(sid, "~", _changed(old, new)))
     return out
+
+
+def service_change_counts(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]]) -> Counter[str]:
+    """How many service ports service_changes() would list per action, without describing them."""
+    counts: Counter[str] = Counter()
+    for sid in set(observed) | set(desired):
+        old, new = observed.get(sid), desired.get(sid)
+        if old != new:
+            counts["+" if old is None else "-" if new is None else "~"] += 1
+    return counts
 
 
 _NOUNS = {"addresses": "address", "endpoints": "endpoint"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+from collections import Counter
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from .backends import get_backend
 from .backends.base import KernelError, Operation
 from .config import Options
 from .desired import build_desired_state
-from .plan import Plan, service_changes
+from .plan import Plan, service_change_counts, service_changes
 from .sources.manifests import load_directory
 from .state import DesiredState
 
@@ -49,11 +50,37 @@ class Planned:
         by the operations look like before and after."""
         if self.described:
             return
-        touched = touched_services(self.plan.operations[:len(self.plan.operations) - len(self.other_mode_cleanup)])
-        if touched:
-            self.plan.services = service_changes(backend.service_view(self.observed_model, touched),
-                                                 backend.service_view(self.desired_model, touched))
+        views = self._views(backend)
+        if views:
+            self.plan.services = service_changes(*views)
         self.described = True
+
+    def count_services(self, backend: Any) -> Counter[str]:
+        """How many service ports the plan adds, changes, removes ("+", "~", "-"): plan.services
+        counted, or (not described) found without describing them, a few thousand service ports
+        at a time (the run loop's way: its peak RSS)."""
+        if self.described:
+            return Counter(s.action for s in self.plan.services)
+        touched = sorted(self._touched())
+        counts: Counter[str] = Counter()
+        for i in range(0, len(touched), COUNT_CHUNK):
+            part = set(touched[i:i + COUNT_CHUNK])
+            counts += service_change_counts(backend.service_view(self.observed_model, part),
+                                            backend.service_view(self.desired_model, part))
+        return counts
+
+    def _touched(self) -> set[str]:
+        ops = self.plan.operations
+        return touched_services(ops[:len(ops) - len(self.other_mode_cleanup)])
+
+    def _views(self, backend: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        touched = self._touched()
+        if not touched:
+            return None
+        return backend.service_view(self.observed_model, touched), backend.service_view(self.desired_model, touched)
+
+
+COUNT_CHUNK = 2000  # service ports whose views count_services() holds at once
 
 
 def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
@@ -164,16 +191,16 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     planned.observed_model: two read-backs of a big ruleset need not be alive at once. With
     verify=False (the run loop's incremental syncs, whose periodic full resync re-reads the kernel)
     nothing is read back: the transaction is atomic, so on success the kernel holds the desired model.
-    release=True (the run loop, which has taken its counts): the plan's service changes are let go
-    at once and its operations once applied, before the kernel is read back (10k services, cold
-    start: the run process's peak 345 -> ~300 MiB).
+    release=True (the run loop, which has taken its counts): the plan is not described, its
+    service changes are let go at once and its operations once applied, before the kernel is read
+    back (10k services, cold start: the run process's peak 345 -> ~300 MiB).
     """
     ops = planned.plan.operations
     own = ops[:len(ops) - len(planned.other_mode_cleanup)]
-    if release and planned.described:
+    if release:
         planned.plan.services = []
     if own:
-        if planned.described:
+        if planned.described or release:
             backend.apply(own)
         else:  # describe the plan while the kernel takes the transaction (10k services, cold:
             # 0.4 s nftables, 0.7 s iptables, against seconds of `nft -f` / `iptables-restore`)
@@ -191,10 +218,11 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     if planned.other_mode_cleanup:
         get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
-    planned.describe(backend)  # (when nothing of ours was applied)
     if release:
-        planned.plan.operations, planned.plan.services = [], []
+        planned.plan.operations = []
         del ops, own
+    else:
+        planned.describe(backend)  # (when nothing of ours was applied)
     if not verify:
         return planned.desired_model
     planned.observed_model = None  # not needed any more: let it go before the kernel is read again

@@ -34,7 +34,8 @@ class SlowKernel:
 
     def diff(self, want: dict[str, str], have: dict[str, str]) -> list[Operation]:
         return [Operation("+", "service", sid, f"add {sid} {d}", sid) for sid, d in sorted(want.items())
-                if have.get(sid) != d]
+                if have.get(sid) != d] + [Operation("-", "service", sid, f"delete {sid}", sid)
+                                          for sid in sorted(have) if sid not in want]
 
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
@@ -45,7 +46,10 @@ class SlowKernel:
         if self.fail:
             raise KernelError("refused")
         for op in ops:
-            self.kernel[op.name] = op.text.split()[-1]
+            if op.action == "-":
+                self.kernel.pop(op.name, None)
+            else:
+                self.kernel[op.name] = op.text.split()[-1]
 
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         self.describing.set()
@@ -119,3 +123,21 @@ def test_release_lets_the_plan_go_before_the_kernel_is_read_back() -> None:
     planned = make_plan(backend, desired(), observed_model={})
     apply(backend, planned)  # without release (the CLI prints the plan afterwards): all still there
     assert len(seen["operations"]) == 2 and len(seen["services"]) == 2
+
+
+def test_the_run_loop_counts_service_changes_without_describing_them() -> None:
+    from collections import Counter
+
+    backend = SlowKernel()
+    kernel = {"default/db:sql/TCP": "stale", "default/gone:x/TCP": "x"}
+    planned = make_plan(backend, desired(), observed_model=kernel, describe=False)
+    counts = planned.count_services(backend)
+    assert counts == Counter({"+": 1, "~": 1, "-": 1}) and planned.plan.services == []
+    from reconciler import reconcile
+    old_chunk, reconcile.COUNT_CHUNK = reconcile.COUNT_CHUNK, 1  # a service port at a time: the same
+    try:
+        assert planned.count_services(backend) == counts
+    finally:
+        reconcile.COUNT_CHUNK = old_chunk
+    planned.describe(backend)
+    assert Counter(s.action for s in planned.plan.services) == counts == planned.count_services(backend)
