@@ -212,21 +212,27 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait(timeout=30)
 
 
 def bench_run_cold(state_dir: str, mode: str) -> float:
     """Peak RSS of `reconciler run` starting on an empty kernel: its first sync programs everything
-    (a node's first start), where the other run figures start on a kernel already programmed."""
+    (a node's first start), where the other run figures start on a kernel already programmed.
+    NaN (and a message) when that run fails."""
     ns = Netns("runcold")
-    log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
-    proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode)), stdout=log, stderr=log, text=True)
-    try:
-        wait_for_syncs(log.name, 1, timeout=600)
-        return daemon_peak_rss(proc)
-    finally:
-        stop(proc)
-        os.unlink(log.name)
-        ns.close()
+    proc: subprocess.Popen[str] | None = None
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        try:
+            proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode)), stdout=log, stderr=log, text=True)
+            wait_for_syncs(log.name, 1, timeout=600, proc=proc)
+            return daemon_peak_rss(proc)
+        except (RuntimeError, OSError, AttributeError) as exc:
+            print(f"run from an empty kernel failed: {exc}", file=sys.stderr)
+            return float("nan")
+        finally:
+            if proc is not None:
+                stop(proc)
+            ns.close()
 
 
 def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: int) -> dict[str, Any]:
@@ -235,7 +241,7 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
     proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode)), stdout=log, stderr=log, text=True)
     out: dict[str, Any] = {}
     try:
-        wait_for_syncs(log.name, 1, timeout=600)
+        wait_for_syncs(log.name, 1, timeout=600, proc=proc)
         for label, action in (("1 endpoint", lambda k: change_one_endpoint(state_dir, services, endpoints, 10 + k)),
                               ("+1 service", lambda k: add_service(state_dir, endpoints, 10 + k))):
             samples = []
@@ -272,16 +278,23 @@ def count_syncs(path: str) -> int:
     return len(sync_lines(path))
 
 
-def wait_for_syncs(path: str, n: int, timeout: float) -> float:
-    """Wait until the log holds n sync lines; returns the wall time the n-th was written."""
+def wait_for_syncs(path: str, n: int, timeout: float, proc: subprocess.Popen[str] | None = None) -> float:
+    """Wait until the log holds n sync lines, the n-th a success; returns the wall time it was
+    written. Gives up early when `proc` (the daemon) has exited."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         lines = sync_lines(path)
         if len(lines) >= n:
+            if " failed" in str(lines[n - 1].get("msg", "")):
+                raise RuntimeError(f"sync #{n} failed: {lines[n - 1].get('msg')}")
             ts = lines[n - 1].get("ts")
             return parse_ts(ts) if ts else time.time()
+        if proc is not None and proc.poll() is not None:
+            break
         time.sleep(0.005)
-    raise RuntimeError(f"no sync #{n} within {timeout}s; log tail: {open(path).read()[-2000:]}")
+    with open(path) as fh:
+        tail = fh.read()[-2000:]
+    raise RuntimeError(f"no sync #{n} within {timeout}s (daemon exit code {proc and proc.poll()}); log tail: {tail}")
 
 
 def parse_ts(ts: Any) -> float:
