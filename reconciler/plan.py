@@ -86,25 +86,27 @@ def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict
     out = []
     for sid in sorted(set(observed) | set(desired)):
         old, new = observed.get(sid), desired.get(sid)
-        if old == new:
-            continue
-        if old is None:
+        action = _action(old, new)
+        if action == "+":
             out.append(ServiceChange(sid, "+", _describe(new or {}, "+")))
-        elif new is None:
-            out.append(ServiceChange(sid, "-", _describe(old, "-")))
-        else:
-            out.append(ServiceChange(sid, "~", _changed(old, new)))
+        elif action == "-":
+            out.append(ServiceChange(sid, "-", _describe(old or {}, "-")))
+        elif action == "~":
+            out.append(ServiceChange(sid, "~", _changed(old or {}, new or {})))
     return out
 
 
 def service_change_counts(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]]) -> Counter[str]:
     """How many service ports service_changes() would list per action, without describing them."""
-    counts: Counter[str] = Counter()
-    for sid in set(observed) | set(desired):
-        old, new = observed.get(sid), desired.get(sid)
-        if old != new:
-            counts["+" if old is None else "-" if new is None else "~"] += 1
-    return counts
+    actions = (_action(observed.get(sid), desired.get(sid)) for sid in set(observed) | set(desired))
+    return Counter(a for a in actions if a is not None)
+
+
+def _action(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:
+    """"+", "-" or "~" for a service port's views before and after; None when they are equal."""
+    if old == new:
+        return None
+    return "+" if old is None else "-" if new is None else "~"
 
 
 _NOUNS = {"addresses": "address", "endpoints": "endpoint"}

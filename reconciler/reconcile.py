@@ -69,9 +69,14 @@ class Planned:
                                             backend.service_view(self.desired_model, part))
         return counts
 
-    def _touched(self) -> set[str]:
+    @property
+    def own_operations(self) -> list[Operation]:
+        """The plan's operations on this mode's objects (the other mode's cleanup comes last)."""
         ops = self.plan.operations
-        return touched_services(ops[:len(ops) - len(self.other_mode_cleanup)])
+        return ops[:len(ops) - len(self.other_mode_cleanup)]
+
+    def _touched(self) -> set[str]:
+        return touched_services(self.own_operations)
 
     def _views(self, backend: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
         touched = self._touched()
@@ -195,8 +200,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     service changes are let go at once and its operations once applied, before the kernel is read
     back (10k services, cold start: the run process's peak 345 -> ~300 MiB).
     """
-    ops = planned.plan.operations
-    own = ops[:len(ops) - len(planned.other_mode_cleanup)]
+    own = planned.own_operations
     if release:
         planned.plan.services = []
     if own:
@@ -220,7 +224,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
     if release:
         planned.plan.operations = []
-        del ops, own
+        del own
     else:
         planned.describe(backend)  # (when nothing of ours was applied)
     if not verify:

@@ -211,8 +211,8 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     end and at a lower priority, while this process parses from the start and itself parses every
     chunk not done by the time it gets there (it never waits). Reading and parsing 10k files takes
     ~1 s on one core with the cyclic GC off as one-shot commands run (yaml-rs; ~2.6 s with
-    libyaml's events), of which the worker saves ~0.15 s
-    while the other core is busy reading the kernel; the lower priority keeps that reader first.
+    libyaml's events), of which the worker saves ~0.15 s while the other core is busy reading
+    the kernel; the lower priority keeps that reader first.
     """
     result = LoadResult()
     errors: list[InputError] = []

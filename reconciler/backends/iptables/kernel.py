@@ -38,10 +38,6 @@ def binary(cmd: str, flavour: str, tool: str) -> str:
     return path
 
 
-def _run(argv: list[str], stdin: str | list[str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_tool(argv, stdin)
-
-
 def detect_flavour() -> str:
     forced = os.environ.get(FLAVOUR_ENV, "").strip().lower()
     if forced:
@@ -52,12 +48,12 @@ def detect_flavour() -> str:
     have_legacy = shutil.which("iptables-legacy-save") is not None
     if have_nft:
         for cmd in ("iptables", "ip6tables"):
-            if shutil.which(f"{cmd}-nft-save") and _HINT.search(_run([f"{cmd}-nft-save", "-t", "mangle"]).stdout):
+            if shutil.which(f"{cmd}-nft-save") and _HINT.search(run_tool([f"{cmd}-nft-save", "-t", "mangle"]).stdout):
                 return "nft"
     if have_legacy:
         for cmd in ("iptables", "ip6tables"):
             # all tables, not -t mangle: that would load (create) the legacy mangle table
-            if shutil.which(f"{cmd}-legacy-save") and _HINT.search(_run([f"{cmd}-legacy-save"]).stdout):
+            if shutil.which(f"{cmd}-legacy-save") and _HINT.search(run_tool([f"{cmd}-legacy-save"]).stdout):
                 return "legacy"
     if not have_nft and have_legacy:
         return "legacy"
@@ -96,19 +92,18 @@ def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
     return result  # type: ignore[return-value]
 
 
-def restore(cmd: str, flavour: str, text: str | list[str]) -> float:
-    """Run `text` (or its lines) with `<cmd>-<flavour>-restore --noflush -w 5`; returns the
-    seconds it took.
+def restore(cmd: str, flavour: str, lines: list[str]) -> float:
+    """Run the input `lines` with `<cmd>-<flavour>-restore --noflush -w 5`; returns the seconds it
+    took.
 
     Each table (between `*table` and `COMMIT`) is committed atomically; on failure the tool reports
     the failing line and that table is left unchanged.
     """
-    lines = text.splitlines() if isinstance(text, str) else text
     if not any(line.strip() for line in lines):
         return 0.0
     argv = [binary(cmd, flavour, "restore"), "--noflush", *RESTORE_WAIT]
     start = time.monotonic()
-    proc = _run(argv, stdin=lines)
+    proc = run_tool(argv, lines)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise KernelError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}\n"
