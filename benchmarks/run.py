@@ -7,11 +7,13 @@ For every size and backend it measures, with the reconciler's own CLI in a fresh
 cold apply, no-op plan, one endpoint changed (plan, then apply), one service added (apply), and the
 `run` daemon: time from a file change to the kernel updated, and its peak RSS, starting on a kernel
 already programmed (warm) and on an empty one (cold start: its first sync programs everything)
-(cold apply RSS: the
-largest of the command and its children, which at 10k is `nft -f` itself). Beside each figure
-it prints the floor measured in the same run: the kernel tool alone doing the same work on exactly
-the ruleset we generate (`nft -f` / `nft -j list`, `iptables-restore` / `iptables-save`). Cold
-apply is also set against load + read floor: apply verifies by reading the kernel back.
+(cold apply RSS: the largest of the command and its children, which at 10k is `nft -f` itself).
+Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
+same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
+ruleset (load), and also load + read, since apply verifies by reading the kernel back. Plan:
+`nft -j list table` of each of our tables / `iptables-save` (read). A change (apply, `run`): the
+tool's own time for our transaction, which the commands log with -v, plus (apply) the read before
+planning and the verifying read after.
 Nothing here is a test: it prints a table (and --json FILE writes the figures).
 """
 
@@ -38,7 +40,9 @@ from generate import generate, service_yaml  # noqa: E402
 
 PY = sys.executable
 NODE = "node-0"
-FLAGS = ["--node-name", NODE, "--cluster-cidr", "10.128.0.0/12"]
+FLAGS = ["--node-name", NODE, "--cluster-cidr", "10.128.0.0/12", "-v"]  # -v: the kernel tool's own time is logged
+# what our kernel modules log (debug) after each transaction: the kernel tool's time for exactly our input
+TOOL_LINE = re.compile(r"(?:libnftables|nft -f|ip6?tables-restore \(\w+\)): .* in ([0-9.]+)s$")
 
 
 @dataclass
@@ -165,15 +169,13 @@ def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[
     f: dict[str, Any] = {}
     common = ["--source", state_dir, "--mode", mode, *FLAGS]
     try:
-        t, rss = measure(ns, reconciler("apply", *common))
-        f["cold apply"] = t
-        f["cold apply RSS MiB"] = rss
-        f["no-op plan"], _ = measure(ns, reconciler("plan", *common), expect=0)
+        f["cold apply"], f["cold apply RSS MiB"], _ = measure(ns, reconciler("apply", *common))
+        f["no-op plan"], _, _ = measure(ns, reconciler("plan", *common), expect=0)
         change_one_endpoint(state_dir, services, endpoints, 1)
-        f["1 endpoint: plan"], _ = measure(ns, reconciler("plan", *common), expect=2)
-        f["1 endpoint: apply"], _ = measure(ns, reconciler("apply", *common))
+        f["1 endpoint: plan"], _, _ = measure(ns, reconciler("plan", *common), expect=2)
+        f["1 endpoint: apply"], _, f["1 endpoint: apply, tool"] = measure(ns, reconciler("apply", *common))
         added = add_service(state_dir, endpoints, 1)
-        f["+1 service: apply"], _ = measure(ns, reconciler("apply", *common))
+        f["+1 service: apply"], _, f["+1 service: apply, tool"] = measure(ns, reconciler("apply", *common))
         os.unlink(added)
         f["run"] = bench_run(ns, state_dir, mode, services, endpoints)
     finally:
@@ -182,8 +184,9 @@ def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[
     return f
 
 
-def measure(ns: Netns, argv: list[str], expect: int | None = None) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of one command in the namespace."""
+def measure(ns: Netns, argv: list[str], expect: int | None = None) -> tuple[float, float, float]:
+    """Wall seconds and peak RSS (MiB) of one command in the namespace, and the seconds its kernel
+    transactions took in the kernel tool (as the command logs them)."""
     t = time.monotonic()
     proc = subprocess.Popen(ns.argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -192,7 +195,12 @@ def measure(ns: Netns, argv: list[str], expect: int | None = None) -> tuple[floa
     err = proc.stderr.read() if proc.stderr else ""
     if code not in (0, 2) or (expect is not None and code != expect):
         raise RuntimeError(f"{' '.join(argv[:6])} exited {code}: {err[-3000:]}")
-    return seconds, usage.ru_maxrss / 1024
+    return seconds, usage.ru_maxrss / 1024, tool_seconds(err.splitlines())
+
+
+def tool_seconds(messages: list[str]) -> float:
+    """The kernel tool's time summed over the transactions these log messages report."""
+    return sum(float(m.group(1)) for m in map(TOOL_LINE.search, messages) if m)
 
 
 def run_argv(state_dir: str, mode: str) -> list[str]:
@@ -244,7 +252,7 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
         wait_for_syncs(log.name, 1, timeout=600, proc=proc)
         for label, action in (("1 endpoint", lambda k: change_one_endpoint(state_dir, services, endpoints, 10 + k)),
                               ("+1 service", lambda k: add_service(state_dir, endpoints, 10 + k))):
-            samples = []
+            samples, tool = [], []
             for k in range(5):
                 n = count_syncs(log.name)
                 time.sleep(0.3)
@@ -252,7 +260,9 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
                 action(k)
                 done = wait_for_syncs(log.name, n + 1, timeout=60)
                 samples.append(done - t)
-            out[label] = sorted(samples)[len(samples) // 2]
+                tool.append(sync_tool_seconds(log.name, n + 1))
+            out[label] = median(samples)
+            out[label + ", tool"] = median(tool)
         out["peak RSS MiB"] = daemon_peak_rss(proc)
     finally:
         stop(proc)
@@ -261,17 +271,42 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
     return out
 
 
-def sync_lines(path: str) -> list[dict[str, Any]]:
+def median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
+
+
+def log_records(path: str) -> list[dict[str, Any]]:
     out = []
     with open(path) as fh:
         for line in fh:
             try:
-                rec = json.loads(line)
+                out.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
-            if str(rec.get("msg", "")).startswith("sync "):
-                out.append(rec)
     return out
+
+
+def is_sync(rec: dict[str, Any]) -> bool:
+    return str(rec.get("msg", "")).startswith("sync ")
+
+
+def sync_lines(path: str) -> list[dict[str, Any]]:
+    return [rec for rec in log_records(path) if is_sync(rec)]
+
+
+def sync_tool_seconds(path: str, n: int) -> float:
+    """The kernel tool's time in the daemon's n-th sync (what it logged since the sync before)."""
+    messages: list[str] = []
+    seen = 0
+    for rec in log_records(path):
+        if is_sync(rec):
+            seen += 1
+            if seen == n:
+                return tool_seconds(messages)
+            messages = []
+        else:
+            messages.append(str(rec.get("msg", "")))
+    raise RuntimeError(f"no sync #{n} in {path}")
 
 
 def count_syncs(path: str) -> int:
@@ -306,6 +341,8 @@ def parse_ts(ts: Any) -> float:
 
 def fmt(v: Any) -> str:
     if isinstance(v, float):
+        if v < 0.01:
+            return f"{v * 1000:.1f} ms"
         return f"{v * 1000:.0f} ms" if v < 1 else f"{v:.2f} s"
     return str(v)
 
@@ -345,24 +382,40 @@ def print_row(r: Row, file: Any = sys.stdout) -> None:
 
 
 def print_table(rows: list[Row]) -> None:
+    """Two tables: the one-shot commands, then the `run` daemon. Floors: load = the kernel tool
+    loading our cold-start input, read = reading our tables back; a change's floor is the tool's
+    own time for our transaction (as logged), plus, for the commands, the read before the plan and
+    the verifying read after."""
     print("| size | backend | cold apply (load floor, ratio) | cold apply / (load + read floor) "
-          "| no-op plan (read floor, ratio) | 1 endpoint: plan / apply "
-          "| +1 service: apply | run: 1 endpoint / +1 service, event->kernel | run peak RSS: warm / cold start "
-          "| cold apply RSS |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| no-op plan (read floor, ratio) | 1 endpoint: plan (ratio to read floor) "
+          "| 1 endpoint: apply (floor, ratio) | +1 service: apply (floor, ratio) | cold apply RSS |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         f = r.figures
-        run = f.get("run", {})
-        both = f["floor: load"] + f["floor: read"]  # apply verifies: it loads, then reads back
-        print(f"| {r.size} | {r.backend} "
-              f"| {fmt(f['cold apply'])} ({fmt(f['floor: load'])}, {f['cold apply'] / f['floor: load']:.2f}x) "
-              f"| {f['cold apply'] / both:.2f}x of {fmt(both)} "
-              f"| {fmt(f['no-op plan'])} ({fmt(f['floor: read'])}, {f['no-op plan'] / f['floor: read']:.2f}x) "
-              f"| {fmt(f['1 endpoint: plan'])} / {fmt(f['1 endpoint: apply'])} "
-              f"| {fmt(f['+1 service: apply'])} "
-              f"| {fmt(run.get('1 endpoint', float('nan')))} / {fmt(run.get('+1 service', float('nan')))} "
-              f"| {run.get('peak RSS MiB', 0):.0f} / {run.get('cold start RSS MiB', 0):.0f} MiB "
+        load, read = f["floor: load"], f["floor: read"]
+        print(f"| {r.size} | {r.backend} | {against(f['cold apply'], load)} "
+              f"| {f['cold apply'] / (load + read):.2f}x of {fmt(load + read)} "  # apply verifies: load, then read
+              f"| {against(f['no-op plan'], read)} | {fmt(f['1 endpoint: plan'])} ({f['1 endpoint: plan'] / read:.2f}x) "
+              f"| {against(f['1 endpoint: apply'], 2 * read + f['1 endpoint: apply, tool'])} "
+              f"| {against(f['+1 service: apply'], 2 * read + f['+1 service: apply, tool'])} "
               f"| {f['cold apply RSS MiB']:.0f} MiB |")
+    print()
+    print("| size | backend | run: 1 endpoint, event->kernel (kernel tool, ratio) "
+          "| run: +1 service, event->kernel (kernel tool, ratio) | run peak RSS: warm / cold start |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        run = r.figures.get("run", {})
+        nan = float("nan")
+        print(f"| {r.size} | {r.backend} "
+              f"| {against(run.get('1 endpoint', nan), run.get('1 endpoint, tool', nan))} "
+              f"| {against(run.get('+1 service', nan), run.get('+1 service, tool', nan))} "
+              f"| {run.get('peak RSS MiB', 0):.0f} / {run.get('cold start RSS MiB', 0):.0f} MiB |")
+
+
+def against(seconds: float, floor: float) -> str:
+    """'figure (floor, ratio)'."""
+    ratio = seconds / floor if floor > 0 else float("nan")
+    return f"{fmt(seconds)} ({fmt(floor)}, {ratio:.2f}x)"
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def restore(cmd: str, flavour: str, lines: list[str]) -> float:
     if proc.returncode != 0:
         raise KernelError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}\n"
                           f"--- input ---\n{_excerpt(lines, proc.stderr)}")
-    log.debug("%s-restore (%s): %d lines in %.3fs", cmd, flavour, len(lines), elapsed)
+    log.debug("%s-restore (%s): %d lines in %.4fs", cmd, flavour, len(lines), elapsed)
     return elapsed
 
 

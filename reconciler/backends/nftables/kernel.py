@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import shutil
 import subprocess
 import threading
+import time
 from typing import Any
 
 from ..base import KernelError, run_tool
+
+log = logging.getLogger(__name__)
 
 IN_PROCESS_MAX_BYTES = 256 * 1024  # bigger transactions run in an `nft -f` child
 
@@ -39,17 +43,22 @@ def list_table(family: str, name: str) -> dict[str, Any] | None:
     return json.loads(proc.stdout)
 
 
-def run_script(script: str) -> None:
-    """Run `script` as one atomic transaction, all or nothing (`nft -f` semantics)."""
+def run_script(script: str) -> float:
+    """Run `script` as one atomic transaction, all or nothing (`nft -f` semantics); returns the
+    seconds nft took."""
     if not script.strip():
-        return
+        return 0.0
+    start = time.monotonic()
     if len(script) <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
-        error = _LIBNFT.run(script)
+        how, error = "libnftables", _LIBNFT.run(script)
     else:
         proc = run_tool([nft_binary(), "-f", "-"], script)
-        error = proc.stderr.strip() if proc.returncode != 0 else None
+        how, error = "nft -f", proc.stderr.strip() if proc.returncode != 0 else None
+    elapsed = time.monotonic() - start
     if error is not None:
         raise KernelError(f"nft -f failed (nothing was changed): {error}")
+    log.debug("%s: %d bytes in %.4fs", how, len(script), elapsed)
+    return elapsed
 
 
 class _LibNftables:
