@@ -6,14 +6,15 @@
 For every size and backend it measures, with the reconciler's own CLI in a fresh namespace:
 cold apply, no-op plan, one endpoint changed (plan, then apply), one service added (apply), and the
 `run` daemon: time from a file change to the kernel updated, and its peak RSS, starting on a kernel
-already programmed (warm) and on an empty one (cold start: its first sync programs everything)
-(cold apply RSS: the largest of the command and its children, which at 10k is `nft -f` itself).
+already programmed (warm) and on an empty one (cold start: a node's first start; also the time
+from the start to that first sync done, which programs everything and verifies it) (cold apply
+RSS: the largest of the command and its children, which at 10k is `nft -f` itself).
 Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
 ruleset (load), and also load + read, since apply verifies by reading the kernel back. Plan:
 `nft -j list table` of each of our tables / `iptables-save` (read). A change (apply, `run`): the
 tool's own time for our transaction, which the commands log with -v, plus (apply) the read before
-planning and the verifying read after.
+planning and the verifying read after. A cold start: load + read, as cold apply.
 Nothing here is a test: it prints a table (and --json FILE writes the figures).
 """
 
@@ -180,7 +181,7 @@ def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[
         f["run"] = bench_run(ns, state_dir, mode, services, endpoints)
     finally:
         ns.close()
-    f["run"]["cold start RSS MiB"] = bench_run_cold(state_dir, mode)
+    f["run"].update(bench_run_cold(state_dir, mode))
     return f
 
 
@@ -223,20 +224,21 @@ def stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(timeout=30)
 
 
-def bench_run_cold(state_dir: str, mode: str) -> float:
-    """Peak RSS of `reconciler run` starting on an empty kernel: its first sync programs everything
-    (a node's first start), where the other run figures start on a kernel already programmed.
-    NaN (and a message) when that run fails."""
+def bench_run_cold(state_dir: str, mode: str) -> dict[str, float]:
+    """`reconciler run` starting on an empty kernel (a node's first start: its first sync programs
+    everything, where the other run figures start on a kernel already programmed): time from the
+    start to that sync done, and peak RSS. NaNs (and a message) when that run fails."""
     ns = Netns("runcold")
     proc: subprocess.Popen[str] | None = None
     with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
         try:
+            t = time.time()
             proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode)), stdout=log, stderr=log, text=True)
-            wait_for_syncs(log.name, 1, timeout=600, proc=proc)
-            return daemon_peak_rss(proc)
+            done = wait_for_syncs(log.name, 1, timeout=600, proc=proc)
+            return {"cold start": done - t, "cold start RSS MiB": daemon_peak_rss(proc)}
         except (RuntimeError, OSError, AttributeError) as exc:
             print(f"run from an empty kernel failed: {exc}", file=sys.stderr)
-            return float("nan")
+            return {"cold start": float("nan"), "cold start RSS MiB": float("nan")}
         finally:
             if proc is not None:
                 stop(proc)
@@ -401,14 +403,16 @@ def print_table(rows: list[Row]) -> None:
               f"| {f['cold apply RSS MiB']:.0f} MiB |")
     print()
     print("| size | backend | run: 1 endpoint, event->kernel (kernel tool, ratio) "
-          "| run: +1 service, event->kernel (kernel tool, ratio) | run peak RSS: warm / cold start |")
-    print("|---|---|---|---|---|")
+          "| run: +1 service, event->kernel (kernel tool, ratio) "
+          "| run cold start: start->first sync done (load + read floor, ratio) | run peak RSS: warm / cold start |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         run = r.figures.get("run", {})
         nan = float("nan")
         print(f"| {r.size} | {r.backend} "
               f"| {against(run.get('1 endpoint', nan), run.get('1 endpoint, tool', nan))} "
               f"| {against(run.get('+1 service', nan), run.get('+1 service, tool', nan))} "
+              f"| {against(run.get('cold start', nan), r.figures['floor: load'] + r.figures['floor: read'])} "
               f"| {run.get('peak RSS MiB', 0):.0f} / {run.get('cold start RSS MiB', 0):.0f} MiB |")
 
 
