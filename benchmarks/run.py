@@ -12,7 +12,7 @@ RSS: the largest of the command and its children, which at 10k is `nft -f` itsel
 Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
 ruleset (load), and also load + read, since apply verifies by reading the kernel back. Plan:
-`nft -j list table` of each of our tables / `iptables-save` (read). A change (apply, `run`): the
+`nft -j list table` of each of our tables / one `iptables-save` per family (read). A change (apply, `run`): the
 tool's own time for our transaction, which the commands log with -v, plus (apply) the read before
 planning and the verifying read after. A cold start: load + read, as cold apply.
 Nothing here is a test: it prints a table (and --json FILE writes the figures).
@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,9 +133,8 @@ def floors(mode: str, scripts: dict[str, str]) -> dict[str, float]:
             for fam, text in scripts.items():
                 load += timed_input(ns, [f"{fam}-restore", "--noflush", "-w", "5"], text)
             t = time.monotonic()
-            for fam in scripts:
-                for table in ("nat", "filter"):
-                    ns.run([f"{fam}-save", "-t", table])
+            for fam in scripts:  # one save of all tables: the nft flavour fetches them all even for `-t`
+                ns.run([f"{fam}-save"])
             read = time.monotonic() - t
         return {"load": load, "read": read}
     finally:
@@ -177,6 +177,8 @@ def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[
         f["1 endpoint: apply"], _, f["1 endpoint: apply, tool"] = measure(ns, reconciler("apply", *common))
         added = add_service(state_dir, endpoints, 1)
         f["+1 service: apply"], _, f["+1 service: apply, tool"] = measure(ns, reconciler("apply", *common))
+        for label in ("1 endpoint: apply", "+1 service: apply"):
+            logged(f[label + ", tool"], label)
         os.unlink(added)
         f["run"] = bench_run(ns, state_dir, mode, services, endpoints)
     finally:
@@ -190,13 +192,22 @@ def measure(ns: Netns, argv: list[str], expect: int | None = None) -> tuple[floa
     transactions took in the kernel tool (as the command logs them)."""
     t = time.monotonic()
     proc = subprocess.Popen(ns.argv(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.monotonic() - t
+    with ThreadPoolExecutor(max_workers=1) as reader:  # drained meanwhile: a full pipe would stall it
+        stderr = reader.submit(proc.stderr.read) if proc.stderr else None
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.monotonic() - t
+        err = stderr.result() if stderr else ""
     code = os.waitstatus_to_exitcode(status)
-    err = proc.stderr.read() if proc.stderr else ""
     if code not in (0, 2) or (expect is not None and code != expect):
         raise RuntimeError(f"{' '.join(argv[:6])} exited {code}: {err[-3000:]}")
     return seconds, usage.ru_maxrss / 1024, tool_seconds(err.splitlines())
+
+
+def logged(seconds: float, what: str) -> float:
+    """A change's tool time, which must have been logged (else its floor would quietly be wrong)."""
+    if seconds <= 0:
+        raise RuntimeError(f"{what}: no kernel transaction logged (run with -v? log format changed?)")
+    return seconds
 
 
 def tool_seconds(messages: list[str]) -> float:
@@ -262,7 +273,7 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
                 action(k)
                 done = wait_for_syncs(log.name, n + 1, timeout=60)
                 samples.append(done - t)
-                tool.append(sync_tool_seconds(log.name, n + 1))
+                tool.append(logged(sync_tool_seconds(log.name, n + 1), f"run: {label}"))
             out[label] = median(samples)
             out[label + ", tool"] = median(tool)
         out["peak RSS MiB"] = daemon_peak_rss(proc)

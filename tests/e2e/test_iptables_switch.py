@@ -284,6 +284,26 @@ def test_flavour_follows_the_kubelet_hint(ns: Netns) -> None:
     assert ":KUBE-IPTABLES-HINT" in ns.run("iptables-legacy-save", "-t", "mangle").stdout
 
 
+@pytest.mark.parametrize("marks, expected", [
+    ((), "nft"),
+    ((("ip6tables-nft", "KUBE-KUBELET-CANARY"),), "nft"),
+    ((("iptables-legacy", "KUBE-IPTABLES-HINT"), ("iptables-nft", "KUBE-IPTABLES-HINT")), "nft"),  # nft first
+    ((("ip6tables-legacy", "KUBE-KUBELET-CANARY"),), "legacy"),
+])
+def test_flavour_detection_reads_kubelets_marks_and_creates_nothing(ns: Netns, marks, expected) -> None:
+    for tool, chain in marks:
+        ns.run(tool, "-t", "mangle", "-N", chain)
+
+    def tables() -> tuple[str, ...]:
+        return (ns.run("nft", "list", "tables").stdout,
+                *(ns.run("cat", f"/proc/net/{t}_tables_names").stdout for t in ("ip", "ip6")))
+
+    before = tables()
+    observed = json.loads(ns.reconciler("observe", "--mode", "iptables", "-o", "json").stdout)
+    assert observed["flavour"] == expected
+    assert tables() == before  # looking loaded no legacy table and made no nft table
+
+
 # --------------------------------------------------------------------------- switching modes
 
 

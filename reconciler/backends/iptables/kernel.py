@@ -25,7 +25,8 @@ T = TypeVar("T")
 
 FLAVOURS = ("nft", "legacy")
 FLAVOUR_ENV = "RECONCILER_IPTABLES_FLAVOUR"
-_HINT = re.compile(r"^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY)\b", re.M)
+HINT_CHAINS = ("KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY")  # kubelet's marks, in the mangle table
+_HINT = re.compile(rf"^:({'|'.join(HINT_CHAINS)})\b", re.M)
 RESTORE_WAIT = ("-w", "5")  # 1.8.x: -W (wait interval) is deprecated and ignored, legacy warns about it
 
 
@@ -39,16 +40,19 @@ def binary(cmd: str, flavour: str, tool: str) -> str:
 
 
 def detect_flavour() -> str:
+    """The flavour the node's own tools use (as iptables-wrapper decides): the one whose mangle
+    table holds one of kubelet's hint chains, nft first; with neither, nft unless only legacy
+    is installed. RECONCILER_IPTABLES_FLAVOUR forces one."""
     forced = os.environ.get(FLAVOUR_ENV, "").strip().lower()
     if forced:
         if forced not in FLAVOURS:
             raise KernelError(f"{FLAVOUR_ENV}={forced!r}: expected one of {', '.join(FLAVOURS)}")
         return forced
-    have_nft = shutil.which("iptables-nft-save") is not None
+    have_nft = shutil.which("iptables-nft") is not None
     have_legacy = shutil.which("iptables-legacy-save") is not None
     if have_nft:
         for cmd in ("iptables", "ip6tables"):
-            if shutil.which(f"{cmd}-nft-save") and _HINT.search(run_tool([f"{cmd}-nft-save", "-t", "mangle"]).stdout):
+            if shutil.which(f"{cmd}-nft") and _has_nft_hint(f"{cmd}-nft"):
                 return "nft"
     if have_legacy:
         for cmd in ("iptables", "ip6tables"):
@@ -58,6 +62,12 @@ def detect_flavour() -> str:
     if not have_nft and have_legacy:
         return "legacy"
     return "nft"
+
+
+def _has_nft_hint(tool: str) -> bool:
+    """`<tool> -t mangle -S CHAIN` succeeds for a hint chain. It fetches that chain alone and
+    creates nothing; a save of mangle would fetch every table (10k services: 0.8 s)."""
+    return any(run_tool([tool, "-w", "5", "-t", "mangle", "-S", chain]).returncode == 0 for chain in HINT_CHAINS)
 
 
 def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
