@@ -295,13 +295,13 @@ def test_flavour_detection_reads_kubelets_marks_and_creates_nothing(ns: Netns, m
         ns.run(tool, "-t", "mangle", "-N", chain)
 
     def tables() -> tuple[str, ...]:
-        return (ns.run("nft", "list", "tables").stdout,
+        return (ns.run("nft", "list", "ruleset").stdout,
                 *(ns.run("cat", f"/proc/net/{t}_tables_names").stdout for t in ("ip", "ip6")))
 
     before = tables()
     observed = json.loads(ns.reconciler("observe", "--mode", "iptables", "-o", "json").stdout)
     assert observed["flavour"] == expected
-    assert tables() == before  # looking loaded no legacy table and made no nft table
+    assert tables() == before  # looking loaded no legacy table and made no nft table or chain
 
 
 # --------------------------------------------------------------------------- switching modes

@@ -607,3 +607,32 @@ def test_quoting_target_and_comment_on_random_rules() -> None:
         rule = Rule("C", args)
         assert Rule.from_text(rule.to_text()) == rule, args
         assert (rule.target, rule.comment) == reference(args), args
+
+
+# --------------------------------------------------------------------------- flavour detection
+
+
+@pytest.mark.parametrize("nft_installed", [True, False])
+@pytest.mark.parametrize("hint", ["KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY", None])
+def test_nft_hint_is_asked_read_only(monkeypatch, nft_installed, hint):
+    """With nft: `nft list chain FAMILY mangle CHAIN` per hint chain, nothing else. Without it: a save of
+    mangle, searched for the chains. (Real kernels: tests/e2e/test_iptables_switch.py.)"""
+    from reconciler.backends.iptables import kernel
+
+    calls: list[list[str]] = []
+
+    def run_tool(argv, stdin=None):
+        calls.append(argv)
+        if argv[0] == "/usr/sbin/nft":
+            return subprocess.CompletedProcess(argv, 0 if argv[-1] == hint else 1, "", "")
+        save = "*mangle\n:PREROUTING ACCEPT [0:0]\n" + (f":{hint} - [0:0]\n" if hint else "") + "COMMIT\n"
+        return subprocess.CompletedProcess(argv, 0, save, "")
+
+    monkeypatch.setattr(kernel, "run_tool", run_tool)
+    monkeypatch.setattr(kernel.shutil, "which",
+                        lambda name: None if name == "nft" and not nft_installed else f"/usr/sbin/{name}")
+    assert kernel._has_nft_hint("ip6tables", "ip6") is (hint is not None)
+    if nft_installed:
+        assert calls and all(c[:4] == ["/usr/sbin/nft", "list", "chain", "ip6"] and c[4] == "mangle" for c in calls)
+    else:
+        assert calls == [["ip6tables-nft-save", "-t", "mangle"]]
