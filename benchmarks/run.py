@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,18 +275,14 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
                 done = wait_for_syncs(log.name, n + 1, timeout=60)
                 samples.append(done - t)
                 tool.append(logged(sync_tool_seconds(log.name, n + 1), f"run: {label}"))
-            out[label] = median(samples)
-            out[label + ", tool"] = median(tool)
+            out[label] = statistics.median(samples)
+            out[label + ", tool"] = statistics.median(tool)
         out["peak RSS MiB"] = daemon_peak_rss(proc)
     finally:
         stop(proc)
         shutil.rmtree(os.path.join(state_dir, "added"), ignore_errors=True)
         os.unlink(log.name)
     return out
-
-
-def median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def log_records(path: str) -> list[dict[str, Any]]:
