@@ -12,7 +12,8 @@ import re
 import pytest
 from helpers import HTTP, STATE_DIR, build, endpoint, endpoint_slice, service
 
-from reconciler.backends.iptables.backend import IptablesBackend, parse_our_tables, service_view
+from reconciler.backends.iptables.backend import IptablesBackend, service_view
+from reconciler.backends.iptables.observed import read_our_tables
 from reconciler.backends.iptables.diff import diff, restore_inputs, script
 from reconciler.backends.iptables.render import (
     ENDPOINTS_CHECK, FIREWALL, MAX_CHAIN_NAME, NODEPORTS, NON_POD_MASQ, SERVICES, IptablesModel, TableState,
@@ -428,7 +429,7 @@ def save_runs() -> list[tuple[str, str, str]]:
 
 def recorded() -> dict[tuple[str, str], TableState]:
     """(family, table) -> our part of it, from the recorded save output."""
-    return {(fam, table): parse_our_tables(body.splitlines(True))[table] for fam, table, body in save_runs()}
+    return {(fam, table): read_our_tables(body.splitlines(True))[table] for fam, table, body in save_runs()}
 
 
 def test_recorded_save_output_parses_back_to_the_rendered_model():
@@ -488,10 +489,10 @@ def test_jumps_are_inserted_once_and_duplicates_removed():
         '-I PREROUTING 1 -m comment --comment "service-reconciler service portals" -j RECONCILER-SERVICES']
 
 
-def test_parse_our_tables_ignores_kube_proxy_rules():
+def test_read_our_tables_ignores_kube_proxy_rules():
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "data" / "iptables" / "save.txt").read_text()
-    tables = parse_our_tables(text.splitlines(True))
+    tables = read_our_tables(text.splitlines(True))
     assert set(tables) == {"filter", "nat"} and all(t.empty for t in tables.values())
 
 

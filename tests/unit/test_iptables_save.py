@@ -469,7 +469,7 @@ def _fake_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> 
 
 def test_read_save_parses_the_tool_output_as_it_streams(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from reconciler.backends.iptables import kernel
-    from reconciler.backends.iptables.backend import parse_our_tables
+    from reconciler.backends.iptables.observed import read_our_tables
 
     _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n:RECONCILER-X - [0:0]\\n'
                                       '-A RECONCILER-X -m comment --comment \\"a b\\" -j ACCEPT\\nCOMMIT\\n"\n')
@@ -477,7 +477,7 @@ def test_read_save_parses_the_tool_output_as_it_streams(tmp_path: Path, monkeypa
 
     def parse(lines):
         seen.append(type(lines))
-        return parse_our_tables(lines)
+        return read_our_tables(lines)
 
     state = kernel.read_save("iptables", "fake", parse)["nat"]
     assert seen[0] is not str  # lines, not the whole text
@@ -487,23 +487,23 @@ def test_read_save_parses_the_tool_output_as_it_streams(tmp_path: Path, monkeypa
 def test_read_save_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from reconciler.backends.base import KernelError
     from reconciler.backends.iptables import kernel
-    from reconciler.backends.iptables.backend import parse_our_tables
+    from reconciler.backends.iptables.observed import read_our_tables
 
     # no tables at all (nothing loaded yet): nothing of ours
     _fake_save(tmp_path, monkeypatch, "exit 0\n")
-    assert all(t.empty for t in kernel.read_save("iptables", "fake", parse_our_tables).values())
+    assert all(t.empty for t in kernel.read_save("iptables", "fake", read_our_tables).values())
     # the tool fails, whatever it says: an error, never "empty" (the plan would re-add what is there)
     _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n:RECONCILER-X - [0:0]\\nCOMMIT\\n"; '
                                       "echo \"can't initialize iptables table 'security'\" >&2; exit 1\n")
     with pytest.raises(KernelError, match="iptables-fake-save exited 1: can't initialize"):
-        kernel.read_save("iptables", "fake", parse_our_tables)
+        kernel.read_save("iptables", "fake", read_our_tables)
     # the tool dies mid-output: its error, not the parser's complaint about the cut-off text
     _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n:RECONCILER-X - [0:0]\\n"; echo "out of memory" >&2; exit 4\n')
     with pytest.raises(KernelError, match="out of memory"):
-        kernel.read_save("iptables", "fake", parse_our_tables)
+        kernel.read_save("iptables", "fake", read_our_tables)
     _fake_save(tmp_path, monkeypatch, 'printf "*nat\\n-A RECONCILER-Y -j ACCEPT\\nCOMMIT\\n"\n')
     with pytest.raises(ParseError, match="line 2: rule for undeclared chain"):
-        kernel.read_save("iptables", "fake", parse_our_tables)
+        kernel.read_save("iptables", "fake", read_our_tables)
 
 
 def test_the_rule_hot_path_parses_as_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -550,7 +550,7 @@ def test_the_rule_hot_path_parses_as_the_general_path(monkeypatch: pytest.Monkey
 def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from reconciler.backends.iptables import kernel
-    from reconciler.backends.iptables.backend import parse_our_tables
+    from reconciler.backends.iptables.observed import read_our_tables
 
     args, out = tmp_path / "args", tmp_path / "out"
     mangle = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\n-A PREROUTING this is no rule at all\nCOMMIT\n"
@@ -559,7 +559,7 @@ def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path
                    "-A RECONCILER-SERVICES -j RETURN\nCOMMIT\n"
                    "*filter\n:INPUT ACCEPT [0:0]\n:OTHER - [0:0]\n-A OTHER -j ACCEPT\nCOMMIT\n")
     _fake_save(tmp_path, monkeypatch, f'echo "$@" > {args}\ncat {out}\n')
-    tables = kernel.read_save("iptables", "fake", parse_our_tables)
+    tables = kernel.read_save("iptables", "fake", read_our_tables)
     assert args.read_text().strip() == ""  # one save of all tables, no -t
     assert set(tables) == {"nat", "filter"} and tables["filter"].empty
     assert [r.args for r in tables["nat"].chains["RECONCILER-SERVICES"]] == [("-j", "RETURN")]
@@ -567,7 +567,7 @@ def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path
     # an error in a table of ours names its line, counted over the whole output
     out.write_text(mangle + "*nat\n-A RECONCILER-Y -j ACCEPT\nCOMMIT\n")
     with pytest.raises(ParseError, match="line 6: rule for undeclared chain"):
-        kernel.read_save("iptables", "fake", parse_our_tables)
+        kernel.read_save("iptables", "fake", read_our_tables)
 
 
 def test_quoting_target_and_comment_on_random_rules() -> None:

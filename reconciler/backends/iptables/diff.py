@@ -18,9 +18,10 @@ script() groups the lines into one restore per command (iptables / ip6tables) an
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..base import Operation
+from .observed import SavedChains
 from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_service_chain
 from .save import Rule, RuleOp
 
@@ -64,9 +65,10 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
         return f"{cmd} {table} {chain}"
 
     for name in sorted(want.chains):
-        rules, old = want.chains[name], have.chains.get(name)
-        if old is rules or (old is not None and [r.args for r in old] == [r.args for r in rules]):
+        rules = want.chains[name]
+        if _holds(have.chains, name, rules):
             continue
+        old = have.chains.get(name)
         edit = _edit_in_place(cmd, table, name, old, rules) if old is not None else None
         if edit is not None:
             edits += edit
@@ -96,6 +98,15 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
     for r in inserts:
         jumps.append(Operation("+", "rule", obj(r.chain), RuleOp(table, "insert", r, 1).to_text()))
     return declare + fill + edits + jumps + delete
+
+
+def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...]) -> bool:
+    """Whether chains[name] is there with these rules, argument for argument: a chain read from a
+    save is compared as the string it was kept as, without parsing it."""
+    if isinstance(chains, SavedChains):
+        return chains.holds(name, rules)
+    old = chains.get(name)
+    return old is rules or (old is not None and [r.args for r in old] == [r.args for r in rules])
 
 
 EDIT_MIN_RULES = 32  # shorter chains are rewritten whole

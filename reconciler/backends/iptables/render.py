@@ -37,6 +37,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import ipaddress
+import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,7 +85,7 @@ JUMPS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
 class TableState:
     """Our part of one table: our chains (name -> rules) and our jump rules in built-in chains."""
 
-    chains: dict[str, tuple[Rule, ...]] = field(default_factory=dict)
+    chains: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)  # (observed: SavedChains)
     jumps: tuple[Rule, ...] = ()
 
     @property
@@ -122,7 +124,9 @@ class IptablesModel:
 
 def chain_hash(text: str) -> str:
     """The hash part of a per-service chain name: svc_chain(sp) == SVC_PREFIX + chain_hash(sp.id)."""
-    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:HASH_LEN]
+    # base32 writes each 5 bytes as 8 characters on their own: the first 10 bytes give the first 16
+    # (base64's b32encode is Python, and this runs for every chain of every service port)
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()[:10]).decode()[:HASH_LEN]
 
 
 def svc_chain(sp: ServicePort) -> str:
@@ -171,12 +175,14 @@ class _Family:
         self.family = family
         v4 = family == "ipv4"
         self.host_len = 32 if v4 else 128
+        self.af = socket.AF_INET if v4 else socket.AF_INET6
         self.loopback = "127.0.0.0/8" if v4 else "::1/128"
         self.mask = "255.255.255.255" if v4 else "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
         self.reject = ("-j", "REJECT", "--reject-with", "icmp-port-unreachable" if v4 else "icmp6-port-unreachable")
 
     def host(self, ip: str) -> str:
-        return f"{ipaddress.ip_address(ip)}/{self.host_len}"
+        """`ip/32` (or /128) with the address as iptables-save prints it (inet_ntop's form)."""
+        return f"{socket.inet_ntop(self.af, socket.inet_pton(self.af, ip))}/{self.host_len}"
 
     def endpoint(self, ep: Endpoint) -> str:
         return str(ep)  # 10.0.0.1:80 / [fd00::1]:80, as --to-destination prints it
@@ -418,7 +424,7 @@ class _Builder:
 
     def freeze(self) -> None:
         """A finished fragment: its chains as Rule tuples, made once and shared by every render."""
-        self.nat_rules = {name: tuple(Rule(name, args) for args in rules) for name, rules in self.nat.items()}
+        self.nat_rules = {name: Rule.chain_of(name, rules) for name, rules in self.nat.items()}
 
     def tables(self, fragments: list[_Builder]) -> dict[str, TableState]:
         """The tables from the service ports' fragments (in service port order)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from sys import intern
 from typing import Literal
 
@@ -167,6 +168,7 @@ def _fmt_counters(c: Counters | None) -> str:
     return f"[{p}:{b}]"
 
 
+@lru_cache(maxsize=1024)  # a cascade over n endpoints asks for 1/n ... 1/2: few values, asked 100k times
 def format_probability(p: float) -> str:
     """The string iptables-save prints for ``--probability p``.
 
@@ -194,6 +196,20 @@ class Rule:
             object.__setattr__(self, "args", tuple(self.args))
         if not self.chain or not _CHAIN_NAME_RE.fullmatch(self.chain):
             raise ValueError(f"invalid chain name {self.chain!r}")
+
+    @classmethod
+    def chain_of(cls, chain: str, rules: Iterable[tuple[str, ...]]) -> tuple[Rule, ...]:
+        """The rules of one chain from their argument tuples: the name checked once, not per rule."""
+        if not chain or not _CHAIN_NAME_RE.fullmatch(chain):
+            raise ValueError(f"invalid chain name {chain!r}")
+        out = []
+        for args in rules:
+            rule = _new_rule(cls)
+            _set(rule, "chain", chain)
+            _set(rule, "args", args if type(args) is tuple else tuple(args))
+            _set(rule, "counters", None)
+            out.append(rule)
+        return tuple(out)
 
     @classmethod
     def from_text(cls, text: str) -> Rule:
@@ -426,20 +442,28 @@ def _parse_chain_line(table: Table, line: str, lineno: int, raw: str) -> None:
         raise ParseError(str(e), lineno, raw) from None
 
 
-def _add_simple_rule(table: Table, line: str) -> bool:
-    """The hot path for what iptables-save writes: `-A CHAIN` of a declared chain, plain ASCII,
-    no backslash, at most one quoted region opening a token (a comment). Splits the line as
-    split_args does, in fewer steps; False (nothing done) for any other line."""
+def simple_tokens(line: str) -> list[str] | None:
+    """The hot path for what iptables-save writes: a line in plain printable ASCII, no backslash,
+    at most one quoted region opening a token (a comment), split as split_args() does, in fewer
+    steps; None for any other line."""
     if "\\" in line or not (line.isascii() and line.isprintable()):  # printable ASCII: no tab, \r, \v, \f
-        return False
+        return None
     parts = line.split('"')
     if len(parts) == 1:
-        tokens = line.split()
-    elif len(parts) == 3 and parts[0][-1:] == " ":
+        return line.split()
+    if len(parts) == 3 and parts[0][-1:] == " ":
         tokens = parts[0].split()
         tokens.append(parts[1])
         tokens += parts[2].split()
-    else:
+        return tokens
+    return None
+
+
+def _add_simple_rule(table: Table, line: str) -> bool:
+    """`-A CHAIN` of a declared chain in simple_tokens()' shape, added; False (nothing done) for
+    any other line."""
+    tokens = simple_tokens(line)
+    if tokens is None:
         return False
     chain = table.chains.get(tokens[1])
     if chain is None:
