@@ -116,16 +116,15 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
 def plan_against_kernel(backend: Any, source: str, options: Options, describe: bool = True) -> Planned:
     """Read the kernel while the manifests load and render, then plan: the one-shot commands' path.
 
-    A backend whose model pickles cheaply and whose parsing is heavy (observe_in = "process":
-    nftables, JSON) reads in a forked child: its `nft` children and the parsing of their output
-    use the other core without waiting for this process's interpreter lock, and the model comes
-    back pickled. Otherwise (iptables: the `-save` tools run on the other core anyway) a thread
-    reads. With the child, a second one parses part of the manifests meanwhile. A thread looks
-    for the other mode's leftovers meanwhile (nftables, 32 `nft list table`: ~0.25 s next to a
-    big iptables ruleset).
+    A backend whose model pickles cheaply (observe_in = "process": nftables' JSON read into
+    strings, iptables' chains kept as strings) reads in a forked child: the tools it runs and the
+    parsing of their output use the other core without waiting for this process's interpreter
+    lock, and the model comes back pickled. The child's sibling first looks for the other mode's
+    leftovers, then parses part of the manifests. Otherwise (a process that already has threads)
+    a thread reads and another looks for leftovers.
     """
     with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
-        other = side.submit(other_mode_leftovers, backend.mode)  # after _workers forked its pool
+        other = (pool or side).submit(other_mode_leftovers, backend.mode)  # after _workers forked its pool
         try:
             desired = load_desired(source, options, pool)
             want = backend.render(desired)  # while the kernel is still being read
@@ -137,7 +136,11 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
         except BrokenProcessPool as exc:  # the child died (killed, out of memory): read here instead
             log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
             observed_model = backend.observe()
-        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=other.result(),
+        try:
+            leftovers = other.result()
+        except BrokenProcessPool:
+            leftovers = other_mode_leftovers(backend.mode)
+        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=leftovers,
                          describe=describe)
 
 

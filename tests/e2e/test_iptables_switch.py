@@ -323,3 +323,19 @@ def test_switch_nftables_to_iptables_removes_our_tables(ns: Netns) -> None:
     tables = ns.run("nft", "list", "tables").stdout.splitlines()
     assert not [t for t in tables if re.fullmatch(r"table ip6? reconciler(-\d\d)?", t.strip())], tables
     assert our_lines(ns.save("nft"))
+
+
+def test_leftover_tables_are_listed_over_netlink_and_only_ours_removed(ns: Netns) -> None:
+    """The other mode's leftovers are looked for by one netlink dump of the table list (not a
+    `nft list table` per name): it must see every table, and cleanup must remove only ours."""
+    for family, name in (("ip6", "reconciler-03"), ("ip", "reconciler-x"), ("inet", "reconciler"),
+                         ("ip", "reconciler-16")):
+        ns.run("nft", "add", "table", family, name)
+    listed = ns.run(str(REPO / ".venv" / "bin" / "python"), "-c",
+                    "from reconciler.backends.nftables.kernel import existing_tables; print(sorted(existing_tables()))")
+    assert listed.stdout.strip() == str(sorted([("ip6", "reconciler-03"), ("ip", "reconciler-x"),
+                                                ("inet", "reconciler"), ("ip", "reconciler-16")]))
+    out = ns.reconciler("cleanup", "--mode", "nftables")
+    assert "1 operations removed" in out.stdout
+    tables = sorted(line.strip() for line in ns.run("nft", "list", "tables").stdout.splitlines())
+    assert tables == ["table inet reconciler", "table ip reconciler-16", "table ip reconciler-x"]

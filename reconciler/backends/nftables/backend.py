@@ -69,7 +69,7 @@ class NftablesBackend:
         return script(operations, self._rendered)
 
     def cleanup(self) -> list[Operation]:
-        return diff(Ruleset(), self.observe())
+        return diff(Ruleset(), observe(look_first=True))  # usually there is nothing to remove
 
     def model_to_dict(self, model: Ruleset) -> dict[str, Any]:
         return model.to_dict()
