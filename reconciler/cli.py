@@ -169,7 +169,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         modes = [args.mode] if args.mode else list(MODES)
         for mode in modes:
             b = backend if mode == opts.mode else get_backend(mode)
-            ops = b.cleanup()
+            ops = b.cleanup(look_first=True)
             b.apply(ops)
             print(f"cleanup ({mode}): " + (f"{len(ops)} operations removed what service-reconciler owned"
                                            if ops else "nothing of ours to remove"))

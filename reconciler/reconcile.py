@@ -119,12 +119,12 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
     A backend whose model pickles cheaply (observe_in = "process": nftables' JSON read into
     strings, iptables' chains kept as strings) reads in a forked child: the tools it runs and the
     parsing of their output use the other core without waiting for this process's interpreter
-    lock, and the model comes back pickled. The child's sibling first looks for the other mode's
-    leftovers, then parses part of the manifests. Otherwise (a process that already has threads)
-    a thread reads and another looks for leftovers.
+    lock, and the model comes back pickled; its sibling parses part of the manifests. Otherwise (a
+    process that already has threads) a thread reads. A thread looks for the other mode's
+    leftovers meanwhile, listing what is there first (see Backend.cleanup).
     """
     with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
-        other = (pool or side).submit(other_mode_leftovers, backend.mode)  # after _workers forked its pool
+        other = side.submit(other_mode_leftovers, backend.mode, True)
         try:
             desired = load_desired(source, options, pool)
             want = backend.render(desired)  # while the kernel is still being read
@@ -136,11 +136,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
         except BrokenProcessPool as exc:  # the child died (killed, out of memory): read here instead
             log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
             observed_model = backend.observe()
-        try:
-            leftovers = other.result()
-        except BrokenProcessPool:
-            leftovers = other_mode_leftovers(backend.mode)
-        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=leftovers,
+        return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=other.result(),
                          describe=describe)
 
 
@@ -178,13 +174,14 @@ def touched_services(ops: list[Operation]) -> set[str]:
     return {op.service for op in ops if op.service}
 
 
-def other_mode_leftovers(mode: str) -> list[Operation]:
-    """Operations removing the objects of the other mode (empty when its tools are missing)."""
+def other_mode_leftovers(mode: str, look_first: bool = False) -> list[Operation]:
+    """Operations removing the objects of the other mode (empty when its tools are missing);
+    `look_first`: see Backend.cleanup."""
     other_mode = OTHER_MODE.get(mode)
     if other_mode is None:
         return []
     try:
-        return get_backend(other_mode).cleanup()
+        return get_backend(other_mode).cleanup(look_first)
     except (KernelError, OSError) as exc:
         log.debug("cannot inspect %s objects: %s", other_mode, exc)
         return []

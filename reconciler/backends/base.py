@@ -55,8 +55,10 @@ class Backend(Protocol):
         """Per service port (or just those in `only`): its addresses and endpoints as a model
         shows them (for people)."""
 
-    def cleanup(self) -> list[Operation]:
-        """Operations removing every kernel object this tool owns (and nothing else)."""
+    def cleanup(self, look_first: bool = False) -> list[Operation]:
+        """Operations removing every kernel object this tool owns (and nothing else). `look_first`:
+        when little is expected to be there, list what is before reading it, if that costs a
+        one-shot command less (it may cost a long-running one memory)."""
 
     def model_to_dict(self, model: Any) -> dict[str, Any]:
         """The model as plain data (for `observe -o json|yaml`)."""

@@ -135,3 +135,35 @@ def test_chain_names_and_rules_made_in_bulk_are_what_the_plain_forms_make() -> N
     assert Rule.chain_of("RECONCILER-X", args) == tuple(Rule("RECONCILER-X", a) for a in args)
     with pytest.raises(ValueError, match="invalid chain name"):
         Rule.chain_of("bad name", args)
+
+
+def test_flush_and_whitespace_forms_read_as_a_whole_parse_reads_them() -> None:
+    for text in ("*nat\n:RECONCILER-X - [0:0]\n-A RECONCILER-X -j ACCEPT\n--flush RECONCILER-X\nCOMMIT\n",
+                 "*nat\n:RECONCILER-X - [0:0]\n-A RECONCILER-X -j ACCEPT\n-F\tRECONCILER-X\n-A RECONCILER-X -j DROP\nCOMMIT\n",
+                 "*nat\n:RECONCILER-X - [0:0]\n-A\tRECONCILER-X -j ACCEPT\n--append\tRECONCILER-X  -j  DROP\nCOMMIT\n"):
+        chains, _ = reference(text)["nat"]
+        got = read_our_tables(text.splitlines(True))["nat"].chains
+        assert {n: [r.args for r in rules] for n, rules in got.items()} == chains, text
+
+
+def test_separators_inside_arguments() -> None:
+    # refused in our chains (a canonical string could not hold them), passed over in others
+    with pytest.raises(ParseError, match="line 3: NUL or newline"):
+        read_our_tables(["*nat\n", ":RECONCILER-X - [0:0]\n", '-A RECONCILER-X -m comment --comment "a\x00b"\n',
+                         "COMMIT\n"])
+    assert read_our_tables(["*nat\n", ":KUBE-X - [0:0]\n", '-A KUBE-X -m comment --comment "a\x00b"\n',
+                            "COMMIT\n"])["nat"].empty
+    # a rendered argument holding one never matches what was read
+    chains = read_our_tables(["*nat\n", ":RECONCILER-X - [0:0]\n", "-A RECONCILER-X -j a b\n",
+                              "-A RECONCILER-X -j c\n", "COMMIT\n"])["nat"].chains
+    assert chains.holds("RECONCILER-X", (Rule("RECONCILER-X", ("-j", "a", "b")), Rule("RECONCILER-X", ("-j", "c"))))
+    assert not chains.holds("RECONCILER-X", (Rule("RECONCILER-X", ("-j", "a\0b")), Rule("RECONCILER-X", ("-j", "c"))))
+    assert not chains.holds("RECONCILER-X", (Rule("RECONCILER-X", ("-j", "a", "b\n\0-j\0c")),))
+
+
+def test_a_plan_is_applied_to_the_flavour_it_was_made_against() -> None:
+    from reconciler.backends.iptables.backend import IptablesBackend
+
+    b = IptablesBackend()  # not detected yet: the kernel was read in a child process
+    b.diff(IptablesModel(), IptablesModel({}, flavour="legacy"))
+    assert b.flavour == "legacy"

@@ -67,6 +67,8 @@ class IptablesBackend:
         return IptablesModel(families, flavour)
 
     def diff(self, desired: IptablesModel, observed: IptablesModel) -> list[Operation]:
+        if self._flavour is None and observed.flavour:  # observed in a child: apply where it read
+            self._flavour = observed.flavour
         return diff(desired, observed)
 
     def unconverged(self, desired: IptablesModel) -> list[Operation]:
@@ -81,7 +83,7 @@ class IptablesBackend:
     def script(self, operations: list[Operation]) -> str:
         return script(operations)
 
-    def cleanup(self) -> list[Operation]:
+    def cleanup(self, look_first: bool = False) -> list[Operation]:  # (one save reads everything anyway)
         return diff(IptablesModel(), self.observe())
 
     def model_to_dict(self, model: IptablesModel) -> dict[str, Any]:

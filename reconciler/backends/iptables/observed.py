@@ -8,8 +8,9 @@ with the kernel's is then one string comparison (SavedChains.holds). Only the ch
 or that a plan describes, are ever parsed (O(changes)).
 
 The canonical form of a rule is ``"\\n" + "".join("\\0" + arg for arg in args)``; a chain's is the
-concatenation of its rules'. No argument iptables-save prints can hold a NUL or a newline, so it
-is unambiguous, and it is equal for two chains exactly when their argument lists are.
+concatenation of its rules'. No argument iptables-save prints can hold a NUL or a newline (the
+read refuses one), so two chains' strings are equal exactly when their argument lists are, and
+SavedChains.holds checks the rendered side for separators inside arguments.
 """
 
 from __future__ import annotations
@@ -40,7 +41,14 @@ class SavedChains(Mapping[str, tuple[Rule, ...]]):
     def holds(self, name: str, rules: tuple[Rule, ...]) -> bool:
         """Whether chain `name` is there with exactly these rules (argument for argument)."""
         text = self._texts.get(name)
-        return text is not None and text == canonical([r.args for r in rules])
+        if text is None:
+            return False
+        args = [r.args for r in rules]
+        if text != canonical(args):
+            return False
+        # equal strings mean equal rules unless a rendered argument holds a separator itself (the
+        # read ones cannot): then there are more separators than rules and arguments
+        return text.count("\n") == len(args) and text.count("\0") == sum(map(len, args))
 
     def __getitem__(self, name: str) -> tuple[Rule, ...]:
         rules = self._parsed.get(name)
@@ -83,8 +91,10 @@ def read_our_tables(lines: Iterable[str]) -> dict[str, TableState]:
         for name, chain in rs[table].chains.items():
             if is_builtin(table, name):
                 jumps += [r.without_counters() for r in chain.rules if r.target and is_ours(r.target)]
-            elif is_ours(name):
+            elif is_ours(name) and not chain.rules:
                 texts[name] = "".join(ours.get((table, name), ()))
+            elif is_ours(name):  # a rule line of a form _keep_ours does not take
+                raise ParseError(f"rule of our chain {name!r} in an unexpected form")
         out[table] = TableState(SavedChains(texts), tuple(jumps))
     return out
 
@@ -110,19 +120,21 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
             table = ""
         elif head == ":":
             declared.add(line[1:].split(None, 1)[0] if line[1:].strip() else "")
-        elif line[:3] == "-A " or head == "[" or line[:9] == "--append ":
-            chain, args = _rule(line, lineno)
-            if chain not in declared:
-                pass  # parse_save's error
-            elif is_builtin(table, chain):
-                if PREFIX not in line:
+        elif line:
+            word = "-A" if line[:3] == "-A " else line.split(None, 1)[0]
+            if word in ("-A", "--append") or head == "[":
+                chain, args = _rule(line, lineno)
+                if chain not in declared:
+                    pass  # parse_save's error
+                elif is_builtin(table, chain):
+                    if PREFIX not in line:
+                        raw = ""
+                else:
+                    if is_ours(chain):
+                        ours.setdefault((table, chain), []).append(_canonical_rule(args, lineno, line))
                     raw = ""
-            else:
-                if is_ours(chain):
-                    ours.setdefault((table, chain), []).append("\n\0" + "\0".join(args) if args else "\n")
-                raw = ""
-        elif line[:3] == "-F ":
-            ours.pop((table, line[3:].strip()), None)  # (as parse_save empties the chain)
+            elif word in ("-F", "--flush") and len(parts := line.split()) == 2:
+                ours.pop((table, parts[1]), None)  # (as parse_save empties the chain)
         yield raw
 
 
@@ -135,6 +147,13 @@ def _rule(line: str, lineno: int) -> tuple[str, list[str] | tuple[str, ...]]:
         rule = Rule.from_text(line)
     except ParseError as e:
         raise ParseError(e.message, lineno, line) from None
-    if any("\0" in a or "\n" in a for a in rule.args):
-        raise ParseError("NUL or newline inside an argument", lineno, line)
     return rule.chain, rule.args
+
+
+def _canonical_rule(args: list[str] | tuple[str, ...], lineno: int, line: str) -> str:
+    if not args:
+        return "\n"
+    text = "\0".join(args)
+    if "\n" in text or text.count("\0") != len(args) - 1:
+        raise ParseError("NUL or newline inside an argument of our rule", lineno, line)
+    return "\n\0" + text

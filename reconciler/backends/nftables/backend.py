@@ -68,8 +68,8 @@ class NftablesBackend:
         """The transaction text; the operations are those planned from the last render."""
         return script(operations, self._rendered)
 
-    def cleanup(self) -> list[Operation]:
-        return diff(Ruleset(), observe(look_first=True))  # usually there is nothing to remove
+    def cleanup(self, look_first: bool = False) -> list[Operation]:
+        return diff(Ruleset(), observe(look_first))
 
     def model_to_dict(self, model: Ruleset) -> dict[str, Any]:
         return model.to_dict()
