@@ -11,8 +11,9 @@ from the start to that first sync done, which programs everything and verifies i
 RSS: the largest of the command and its children, which at 10k is `nft -f` itself).
 Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
-ruleset (load), and also load + read, since apply verifies by reading the kernel back. Plan:
-`nft -j list table` of each of our tables / one `iptables-save` per family (read). A change (apply, `run`): the
+ruleset into an empty namespace (load), and also load + read, since apply verifies by reading the
+kernel back. Plan: `nft -j list table` of each of our tables / one `iptables-save` per family of
+what our apply programmed (read); the no-op plan and the read are medians of three, taken in turn. A change (apply, `run`): the
 tool's own time for our transaction, which the commands log with -v, plus (apply) the read before
 planning and the verifying read after. A cold start: load + read, as cold apply.
 Nothing here is a test: it prints a table (and --json FILE writes the figures).
@@ -116,30 +117,31 @@ def split_iptables_script(text: str) -> dict[str, str]:
     return parts
 
 
-def floors(mode: str, scripts: dict[str, str]) -> dict[str, float]:
+def load_floor(mode: str, scripts: dict[str, str]) -> float:
+    """`nft -f` / `<fam>-restore` of exactly our generated ruleset into an empty namespace."""
     ns = Netns("floor")
     try:
         if mode == "nftables":
-            load = timed_input(ns, ["nft", "-f", "-"], scripts["nft"])
-            # `nft -j list table` of each of our tables, one after the other (`list ruleset` is
-            # much slower in JSON for many tables, so it would flatter us)
-            from reconciler.backends.nftables.observe import table_names
-            t = time.monotonic()
-            for family in ("ip", "ip6"):
-                for name in table_names():
-                    ns.run(["nft", "-j", "list", "table", family, name], check=False)
-            read = time.monotonic() - t
-        else:
-            load = 0.0
-            for fam, text in scripts.items():
-                load += timed_input(ns, [f"{fam}-restore", "--noflush", "-w", "5"], text)
-            t = time.monotonic()
-            for fam in scripts:  # one save of all tables: the nft flavour fetches them all even for `-t`
-                ns.run([f"{fam}-save"])
-            read = time.monotonic() - t
-        return {"load": load, "read": read}
+            return timed_input(ns, ["nft", "-f", "-"], scripts["nft"])
+        return sum(timed_input(ns, [f"{fam}-restore", "--noflush", "-w", "5"], text) for fam, text in scripts.items())
     finally:
         ns.close()
+
+
+def read_floor(ns: Netns, mode: str, scripts: dict[str, str]) -> float:
+    """The kernel tool reading back what the namespace holds, as a plan needs it."""
+    t = time.monotonic()
+    if mode == "nftables":
+        # `nft -j list table` of each of our tables, one after the other (`list ruleset` is much
+        # slower in JSON for many tables, so it would flatter us)
+        from reconciler.backends.nftables.observe import table_names
+        for family in ("ip", "ip6"):
+            for name in table_names():
+                ns.run(["nft", "-j", "list", "table", family, name], check=False)
+    else:
+        for fam in scripts:  # one save of all tables: the nft flavour fetches them all even for `-t`
+            ns.run([f"{fam}-save"])
+    return time.monotonic() - t
 
 
 def timed_input(ns: Netns, argv: list[str], text: str) -> float:
@@ -166,13 +168,20 @@ def add_service(state_dir: str, endpoints: int, index: int) -> str:
     return path
 
 
-def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[str, Any]:
+READ_SAMPLES = 3  # no-op plan and read floor: medians, each plan followed by a read (the machine is noisy)
+
+
+def bench_cli(state_dir: str, mode: str, services: int, endpoints: int, scripts: dict[str, str]) -> dict[str, Any]:
     ns = Netns("cli")
     f: dict[str, Any] = {}
     common = ["--source", state_dir, "--mode", mode, *FLAGS]
     try:
         f["cold apply"], f["cold apply RSS MiB"], _ = measure(ns, reconciler("apply", *common))
-        f["no-op plan"], _, _ = measure(ns, reconciler("plan", *common), expect=0)
+        plans, reads = [], []
+        for _ in range(READ_SAMPLES):
+            plans.append(measure(ns, reconciler("plan", *common), expect=0)[0])
+            reads.append(read_floor(ns, mode, scripts))  # what our apply programmed: the same ruleset
+        f["no-op plan"], f["floor: read"] = statistics.median(plans), statistics.median(reads)
         change_one_endpoint(state_dir, services, endpoints, 1)
         f["1 endpoint: plan"], _, _ = measure(ns, reconciler("plan", *common), expect=2)
         f["1 endpoint: apply"], _, f["1 endpoint: apply, tool"] = measure(ns, reconciler("apply", *common))
@@ -375,10 +384,9 @@ def main() -> None:
             generate(state, s, e)
             print(f"== {size} {mode}", file=sys.stderr, flush=True)
             scripts = kernel_script(state, mode)
-            fl = floors(mode, scripts)
-            figs = bench_cli(state, mode, s, e)
-            figs["floor: load"] = fl["load"]
-            figs["floor: read"] = fl["read"]
+            load = load_floor(mode, scripts)
+            figs = bench_cli(state, mode, s, e, scripts)
+            figs["floor: load"] = load
             rows.append(Row(size, mode, figs))
             print_row(rows[-1], file=sys.stderr)
     print_table(rows)

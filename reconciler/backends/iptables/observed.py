@@ -15,6 +15,7 @@ SavedChains.holds checks the rendered side for separators inside arguments.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from sys import intern
 
@@ -105,13 +106,31 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
     chains go, canonical, into ours[table, chain] instead. A rule for an undeclared chain goes to
     parse_save, which reports it."""
     table: str | None = ""  # "": outside any table, None: in one of the others
-    declared: set[str] = set()
+    declared: dict[str, int] = {}  # the current table's chains: _OURS, _BUILTIN or _OTHER
+    run: list[str] = []  # consecutive rule lines of one of our chains, made canonical together
+    run_chain, run_start = "", 0
     for lineno, raw in enumerate(lines, 1):
+        if raw[:3] == "-A " and table and (end := raw.find(" ", 3)) > 0 and (kind := declared.get(raw[3:end])):
+            # the usual line, on a short path: a rule of a declared chain
+            if kind == _OURS:
+                if raw[3:end] != run_chain or not run:
+                    if run:
+                        ours.setdefault((table, run_chain), []).append(_canonical_run(run_chain, run, run_start))
+                    run, run_chain, run_start = [], raw[3:end], lineno
+                run.append(raw)
+                yield ""
+                continue
+            if kind == _OTHER or PREFIX not in raw:
+                yield ""
+                continue
+        if run:
+            ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_start))
+            run = []
         line = raw.strip(" \t\n")
         head = line[:1]
         if head == "*":
             table = line[1:] if line[1:] in TABLES else None
-            declared = set()
+            declared = {}
             if table is None:
                 raw = ""
         elif table is None:
@@ -119,23 +138,56 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
         elif line == "COMMIT" or not table:
             table = ""
         elif head == ":":
-            declared.add(line[1:].split(None, 1)[0] if line[1:].strip() else "")
+            name = line[1:].split(None, 1)[0] if line[1:].strip() else ""
+            declared[name] = _BUILTIN if is_builtin(table, name) else _OURS if is_ours(name) else _OTHER
         elif line:
             word = "-A" if line[:3] == "-A " else line.split(None, 1)[0]
             if word in ("-A", "--append") or head == "[":
                 chain, args = _rule(line, lineno)
                 if chain not in declared:
                     pass  # parse_save's error
-                elif is_builtin(table, chain):
+                elif declared[chain] == _BUILTIN:
                     if PREFIX not in line:
                         raw = ""
                 else:
-                    if is_ours(chain):
+                    if declared[chain] == _OURS:
                         ours.setdefault((table, chain), []).append(_canonical_rule(args, lineno, line))
                     raw = ""
             elif word in ("-F", "--flush") and len(parts := line.split()) == 2:
                 ours.pop((table, parts[1]), None)  # (as parse_save empties the chain)
         yield raw
+    if run:  # (the output ended without COMMIT: parse_save reports it)
+        ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_start))
+
+
+_OTHER, _BUILTIN, _OURS = 1, 2, 3
+
+
+_QUOTED = re.compile(r' "[^ "\n]*"(?![^ \n])')  # a quoted argument without spaces, after a space
+
+
+def _canonical_run(chain: str, run: list[str], first: int) -> str:
+    """The canonical string of consecutive `-A CHAIN ...` lines (the first is line `first`).
+
+    As iptables-save writes our rules (printable ASCII, one space between arguments, no
+    backslash, quoted arguments without spaces), taking the `-A CHAIN` heads and the quotes out
+    and writing NULs for the spaces is splitting them: done for the whole run at once, in C.
+    Any other run is split line by line as parse_save splits it.
+    """
+    head = f"\n-A {chain} "
+    text = "\n" + "".join(run)
+    if text[-1] == "\n":
+        text = text[:-1]
+    if (text.count(head) == len(run) and "\\" not in text and "  " not in text and " \n" not in text
+            and text[-1] != " " and text.isascii() and text.replace("\n", " ").isprintable()):
+        quotes = text.count('"')
+        if not quotes or 2 * len(_QUOTED.findall(text)) == quotes:
+            return text.replace(head, "\n\0").replace('"', "").replace(" ", "\0")
+    out = []
+    for i, raw in enumerate(run):
+        line = raw.strip(" \t\n")
+        out.append(_canonical_rule(_rule(line, first + i)[1], first + i, line))
+    return "".join(out)
 
 
 def _rule(line: str, lineno: int) -> tuple[str, list[str] | tuple[str, ...]]:
