@@ -128,6 +128,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
         try:
             desired = load_desired(source, options, pool)
             want = backend.render(desired)  # while the kernel is still being read
+            backend.before_diff(want)
         except BaseException:
             observed.cancel()
             raise

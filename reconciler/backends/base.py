@@ -44,6 +44,10 @@ class Backend(Protocol):
     def diff(self, desired: Any, observed: Any) -> list[Operation]:
         """Minimal ordered operations turning `observed` into `desired`."""
 
+    def before_diff(self, desired: Any) -> None:
+        """Work for diffing `desired` that can be done before the kernel is read (the one-shot
+        commands call it while the read runs; nothing it keeps may outlive the command)."""
+
     def unconverged(self, desired: Any) -> list[Operation]:
         """diff(desired, observe()): what the kernel still lacks (verification after apply)."""
 

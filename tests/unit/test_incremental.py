@@ -201,6 +201,9 @@ class DyingChildBackend:
     def render(self, desired) -> dict:
         return {}
 
+    def before_diff(self, desired) -> None:
+        pass
+
     def diff(self, want, have) -> list:
         return []
 

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from reconciler.backends.iptables.backend import IptablesBackend
 from reconciler.backends.iptables.diff import diff
 from reconciler.backends.iptables.observed import SavedChains, canonical, read_our_tables
 from reconciler.backends.iptables.render import IptablesModel, TableState, is_builtin, is_ours
@@ -121,8 +122,13 @@ def test_a_plan_against_a_read_save_is_the_plan_against_its_parsed_rules() -> No
         want = read_our_tables(want_text.splitlines(True))
         want = {t: TableState(dict(want[t].chains.items()), want[t].jumps) for t in want}
         lazy = diff(IptablesModel({"ipv4": want}), IptablesModel({"ipv4": read_our_tables(have_text.splitlines(True))}))
-        assert [(o.action, o.name, o.text) for o in lazy] == \
-               [(o.action, o.name, o.text) for o in diff(IptablesModel({"ipv4": want}), IptablesModel({"ipv4": parsed}))]
+        plain = diff(IptablesModel({"ipv4": want}), IptablesModel({"ipv4": parsed}))
+        assert [(o.action, o.name, o.text) for o in lazy] == [(o.action, o.name, o.text) for o in plain]
+        ahead = IptablesModel({"ipv4": want})
+        IptablesBackend().before_diff(ahead)  # the rendered chains' strings made before the read
+        assert all(state.texts is not None for state in want.values())
+        prepared = diff(ahead, IptablesModel({"ipv4": read_our_tables(have_text.splitlines(True))}))
+        assert [(o.action, o.name, o.text) for o in prepared] == [(o.action, o.name, o.text) for o in plain]
 
 
 def test_chain_names_and_rules_made_in_bulk_are_what_the_plain_forms_make() -> None:
@@ -163,11 +169,11 @@ def test_separators_inside_arguments() -> None:
     assert chains.holds("RECONCILER-X", (Rule("RECONCILER-X", ("-j", "a", "b")), Rule("RECONCILER-X", ("-j", "c"))))
     assert not chains.holds("RECONCILER-X", (Rule("RECONCILER-X", ("-j", "a\0b")), Rule("RECONCILER-X", ("-j", "c"))))
     assert not chains.holds("RECONCILER-X", (Rule("RECONCILER-X", ("-j", "a", "b\n\0-j\0c")),))
+    from reconciler.backends.iptables.observed import canonical_texts
+    assert canonical_texts({"RECONCILER-X": (Rule("RECONCILER-X", ("-j", "a\0b")),)}) == {}  # holds() decides
 
 
 def test_a_plan_is_applied_to_the_flavour_it_was_made_against() -> None:
-    from reconciler.backends.iptables.backend import IptablesBackend
-
     b = IptablesBackend()  # not detected yet: the kernel was read in a child process
     b.diff(IptablesModel(), IptablesModel({}, flavour="legacy"))
     assert b.flavour == "legacy"

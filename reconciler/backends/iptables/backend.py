@@ -15,7 +15,7 @@ from ...state import DesiredState
 from ..base import Operation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
-from .observed import read_our_tables
+from .observed import canonical_texts, read_our_tables
 from .render import (
     COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX,
     IptablesModel, Renderer, TableState, chain_hash, is_service_chain,
@@ -70,6 +70,12 @@ class IptablesBackend:
         if self._flavour is None and observed.flavour:  # observed in a child: apply where it read
             self._flavour = observed.flavour
         return diff(desired, observed)
+
+    def before_diff(self, desired: IptablesModel) -> None:
+        """Each chain's canonical string, for comparing with a save's (see observed.py)."""
+        for tables in desired.families.values():
+            for state in tables.values():
+                state.texts = canonical_texts(state.chains)
 
     def unconverged(self, desired: IptablesModel) -> list[Operation]:
         return diff(desired, self.observe())

@@ -66,7 +66,7 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
 
     for name in sorted(want.chains):
         rules = want.chains[name]
-        if _holds(have.chains, name, rules):
+        if _holds(have.chains, name, rules, want.texts):
             continue
         old = have.chains.get(name)
         edit = _edit_in_place(cmd, table, name, old, rules) if old is not None else None
@@ -100,11 +100,13 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
     return declare + fill + edits + jumps + delete
 
 
-def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...]) -> bool:
+def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...],
+           texts: dict[str, str] | None) -> bool:
     """Whether chains[name] is there with these rules, argument for argument: a chain read from a
-    save is compared as the string it was kept as, without parsing it."""
+    save is compared as the string it was kept as (with the rules' own, if made ahead), without
+    parsing it."""
     if isinstance(chains, SavedChains):
-        return chains.holds(name, rules)
+        return chains.holds(name, rules, texts.get(name) if texts else None)
     old = chains.get(name)
     return old is rules or (old is not None and [r.args for r in old] == [r.args for r in rules])
 

@@ -87,6 +87,8 @@ class TableState:
 
     chains: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)  # (observed: SavedChains)
     jumps: tuple[Rule, ...] = ()
+    # the chains' canonical strings, when made ahead of a diff (IptablesBackend.before_diff)
+    texts: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     @property
     def empty(self) -> bool:

@@ -40,6 +40,9 @@ class NftablesBackend:
     def diff(self, desired: Ruleset, observed: Ruleset) -> list[Operation]:
         return diff(desired, observed)
 
+    def before_diff(self, desired: Ruleset) -> None:
+        pass  # (the diff's work is all comparing with what is read)
+
     def unconverged(self, desired: Ruleset) -> list[Operation]:
         """diff(desired, observe()), one table at a time: the read-back is never whole in memory."""
         ops: list[Operation] = []
