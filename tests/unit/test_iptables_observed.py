@@ -177,3 +177,27 @@ def test_a_plan_is_applied_to_the_flavour_it_was_made_against() -> None:
     b = IptablesBackend()  # not detected yet: the kernel was read in a child process
     b.diff(IptablesModel(), IptablesModel({}, flavour="legacy"))
     assert b.flavour == "legacy"
+
+
+def test_errors_in_our_rules_name_their_own_line_and_other_chains_pass_unsplit() -> None:
+    text = ['*nat\n', ':RECONCILER-X - [0:0]\n', ':KUBE-O - [0:0]\n', '-A RECONCILER-X -j A\n',
+            '-A KUBE-O -j B\n', '-A RECONCILER-X -m comment --comment "a\n', 'COMMIT\n']
+    with pytest.raises(ParseError, match="line 6: unterminated double quote"):
+        read_our_tables(text)
+    for sep in (" ", "\t"):  # not ours: passed over whatever its form, on either path
+        assert read_our_tables(["*nat\n", ":KUBE-O - [0:0]\n", f'-A KUBE-O{sep}-m comment --comment "a\n',
+                                "COMMIT\n"])["nat"].empty
+
+
+def test_strings_made_ahead_count_only_for_the_rules_they_were_made_of() -> None:
+    import dataclasses
+
+    chains = read_our_tables(["*nat\n", ":RECONCILER-X - [0:0]\n", "-A RECONCILER-X -j ACCEPT\n", "COMMIT\n"])
+    accept = (Rule("RECONCILER-X", ("-j", "ACCEPT")),)
+    want = IptablesModel({"ipv4": {"nat": TableState({"RECONCILER-X": accept})}})
+    IptablesBackend().before_diff(want)
+    assert diff(want, IptablesModel({"ipv4": chains})) == []
+    changed = dataclasses.replace(want.families["ipv4"]["nat"], chains={"RECONCILER-X": (Rule("RECONCILER-X", ("-j", "DROP")),)})
+    changed.texts = want.families["ipv4"]["nat"].texts  # stale: made of the old rules
+    ops = diff(IptablesModel({"ipv4": {"nat": changed}}), IptablesModel({"ipv4": chains}))
+    assert [op.text for op in ops] == [":RECONCILER-X - [0:0]", "-A RECONCILER-X -j DROP"]

@@ -72,7 +72,8 @@ class IptablesBackend:
         return diff(desired, observed)
 
     def before_diff(self, desired: IptablesModel) -> None:
-        """Each chain's canonical string, for comparing with a save's (see observed.py)."""
+        """Each chain's canonical string, for comparing with a save's (see observed.py); kept with
+        the model (at 10k ~20 MB) for the diff and apply's verifying diff."""
         for tables in desired.families.values():
             for state in tables.values():
                 state.texts = canonical_texts(state.chains)

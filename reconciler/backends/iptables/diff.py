@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..base import Operation
-from .observed import SavedChains
+from .observed import Ahead, SavedChains
 from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_service_chain
 from .save import Rule, RuleOp
 
@@ -101,7 +101,7 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
 
 
 def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...],
-           texts: dict[str, str] | None) -> bool:
+           texts: dict[str, Ahead] | None) -> bool:
     """Whether chains[name] is there with these rules, argument for argument: a chain read from a
     save is compared as the string it was kept as (with the rules' own, if made ahead), without
     parsing it."""

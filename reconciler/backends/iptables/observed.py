@@ -31,15 +31,18 @@ def canonical(rules: Iterable[Args]) -> str:
     return "".join(["\n\0" + "\0".join(args) if args else "\n" for args in rules])
 
 
-def canonical_texts(chains: Mapping[str, tuple[Rule, ...]]) -> dict[str, str]:
-    """name -> canonical string, for the chains none of whose arguments holds a separator itself
-    (SavedChains.holds works the others out)."""
+Ahead = tuple[tuple[Rule, ...], str]  # a chain's rules and their canonical string, made ahead
+
+
+def canonical_texts(chains: Mapping[str, tuple[Rule, ...]]) -> dict[str, Ahead]:
+    """name -> (rules, canonical string), for the chains none of whose arguments holds a separator
+    itself (SavedChains.holds works the others out)."""
     out = {}
     for name, rules in chains.items():
         args = [r.args for r in rules]
         text = canonical(args)
         if text.count("\n") == len(args) and text.count("\0") == sum(map(len, args)):
-            out[name] = text
+            out[name] = (rules, text)
     return out
 
 
@@ -52,14 +55,14 @@ class SavedChains(Mapping[str, tuple[Rule, ...]]):
         self._texts = texts  # name -> canonical string
         self._parsed: dict[str, tuple[Rule, ...]] = {}
 
-    def holds(self, name: str, rules: tuple[Rule, ...], text_of_rules: str | None = None) -> bool:
+    def holds(self, name: str, rules: tuple[Rule, ...], ahead: Ahead | None = None) -> bool:
         """Whether chain `name` is there with exactly these rules (argument for argument);
-        `text_of_rules`: their canonical string from canonical_texts, if made ahead."""
+        `ahead`: from canonical_texts, used if made of these very rules."""
         text = self._texts.get(name)
         if text is None:
             return False
-        if text_of_rules is not None:
-            return text == text_of_rules
+        if ahead is not None and ahead[0] is rules:
+            return text == ahead[1]
         args = [r.args for r in rules]
         if text != canonical(args):
             return False
@@ -118,29 +121,31 @@ def read_our_tables(lines: Iterable[str]) -> dict[str, TableState]:
 
 def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> Iterator[str]:
     """The lines for parse_save: those of other tables, other chains' rules and rules in built-in
-    chains that cannot jump to ours blanked (line numbers stay right); the rules of our declared
-    chains go, canonical, into ours[table, chain] instead. A rule for an undeclared chain goes to
-    parse_save, which reports it."""
+    chains that cannot jump to ours blanked, unsplit (line numbers stay right); the rules of our
+    declared chains go, canonical, into ours[table, chain] instead. A rule for an undeclared chain
+    goes to parse_save, which reports it."""
     table: str | None = ""  # "": outside any table, None: in one of the others
     declared: dict[str, int] = {}  # the current table's chains: _OURS, _BUILTIN or _OTHER
-    run: list[str] = []  # consecutive rule lines of one of our chains, made canonical together
-    run_chain, run_start = "", 0
+    run: list[str] = []  # rule lines of one of our chains, no other of ours between: made canonical together
+    run_lines: list[int] = []  # their line numbers
+    run_chain = ""
     for lineno, raw in enumerate(lines, 1):
         if raw[:3] == "-A " and table and (end := raw.find(" ", 3)) > 0 and (kind := declared.get(raw[3:end])):
             # the usual line, on a short path: a rule of a declared chain
             if kind == _OURS:
                 if raw[3:end] != run_chain or not run:
                     if run:
-                        ours.setdefault((table, run_chain), []).append(_canonical_run(run_chain, run, run_start))
-                    run, run_chain, run_start = [], raw[3:end], lineno
+                        ours.setdefault((table, run_chain), []).append(_canonical_run(run_chain, run, run_lines))
+                    run, run_lines, run_chain = [], [], raw[3:end]
                 run.append(raw)
+                run_lines.append(lineno)
                 yield ""
                 continue
             if kind == _OTHER or PREFIX not in raw:
                 yield ""
                 continue
         if run:
-            ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_start))
+            ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_lines))
             run = []
         line = raw.strip(" \t\n")
         head = line[:1]
@@ -157,8 +162,13 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
             name = line[1:].split(None, 1)[0] if line[1:].strip() else ""
             declared[name] = _BUILTIN if is_builtin(table, name) else _OURS if is_ours(name) else _OTHER
         elif line:
-            word = "-A" if line[:3] == "-A " else line.split(None, 1)[0]
+            words = line.split(None, 3)
+            word = words[0]
             if word in ("-A", "--append") or head == "[":
+                named = words[2 if head == "[" else 1] if len(words) > (2 if head == "[" else 1) else ""
+                if declared.get(named) == _OTHER or (declared.get(named) == _BUILTIN and PREFIX not in line):
+                    yield ""  # passed over unsplit, as on the short path
+                    continue
                 chain, args = _rule(line, lineno)
                 if chain not in declared:
                     pass  # parse_save's error
@@ -173,7 +183,7 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
                 ours.pop((table, parts[1]), None)  # (as parse_save empties the chain)
         yield raw
     if run:  # (the output ended without COMMIT: parse_save reports it)
-        ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_start))
+        ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_lines))
 
 
 _OTHER, _BUILTIN, _OURS = 1, 2, 3
@@ -182,8 +192,8 @@ _OTHER, _BUILTIN, _OURS = 1, 2, 3
 _QUOTED = re.compile(r' "[^ "\n]*"(?![^ \n])')  # a quoted argument without spaces, after a space
 
 
-def _canonical_run(chain: str, run: list[str], first: int) -> str:
-    """The canonical string of consecutive `-A CHAIN ...` lines (the first is line `first`).
+def _canonical_run(chain: str, run: list[str], linenos: list[int]) -> str:
+    """The canonical string of these `-A CHAIN ...` lines (at these line numbers).
 
     As iptables-save writes our rules (printable ASCII, one space between arguments, no
     backslash, quoted arguments without spaces), taking the `-A CHAIN` heads and the quotes out
@@ -200,9 +210,9 @@ def _canonical_run(chain: str, run: list[str], first: int) -> str:
         if not quotes or 2 * len(_QUOTED.findall(text)) == quotes:
             return text.replace(head, "\n\0").replace('"', "").replace(" ", "\0")
     out = []
-    for i, raw in enumerate(run):
+    for raw, lineno in zip(run, linenos):
         line = raw.strip(" \t\n")
-        out.append(_canonical_rule(_rule(line, first + i)[1], first + i, line))
+        out.append(_canonical_rule(_rule(line, lineno)[1], lineno, line))
     return "".join(out)
 
 

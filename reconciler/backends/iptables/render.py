@@ -88,7 +88,7 @@ class TableState:
     chains: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)  # (observed: SavedChains)
     jumps: tuple[Rule, ...] = ()
     # the chains' canonical strings, when made ahead of a diff (IptablesBackend.before_diff)
-    texts: dict[str, str] | None = field(default=None, compare=False, repr=False)
+    texts: dict[str, Any] | None = field(default=None, init=False, compare=False, repr=False)
 
     @property
     def empty(self) -> bool:
