@@ -13,9 +13,10 @@ Beside each figure it prints the floor measured in the same run: the kernel tool
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
 ruleset into an empty namespace (load), and also load + read, since apply verifies by reading the
 kernel back. Plan: `nft -j list table` of each of our tables / one `iptables-save` per family of
-what our apply programmed (read); the no-op plan and the read are medians of three, taken in turn. A change (apply, `run`): the
-tool's own time for our transaction, which the commands log with -v, plus (apply) the read before
-planning and the verifying read after. A cold start: load + read, as cold apply.
+what our apply programmed (read); the no-op plan and the read are medians of three, taken in
+turn. A change (apply, `run`): the tool's own time for our transaction, which the commands log
+with -v, plus (apply) the read before planning and the verifying read after. A cold start: load
++ read, as cold apply.
 Nothing here is a test: it prints a table (and --json FILE writes the figures).
 """
 

@@ -31,6 +31,13 @@ def canonical(rules: Iterable[Args]) -> str:
     return "".join(["\n\0" + "\0".join(args) if args else "\n" for args in rules])
 
 
+def _canonical_if_clean(rules: list[Args] | list[list[str]]) -> str | None:
+    """canonical(rules), or None when an argument holds a separator itself (then the string could
+    also be another chain's): there are more separators than rules and arguments."""
+    text = canonical(rules)
+    return text if text.count("\n") == len(rules) and text.count("\0") == sum(map(len, rules)) else None
+
+
 Ahead = tuple[tuple[Rule, ...], str]  # a chain's rules and their canonical string, made ahead
 
 
@@ -39,9 +46,8 @@ def canonical_texts(chains: Mapping[str, tuple[Rule, ...]]) -> dict[str, Ahead]:
     itself (SavedChains.holds works the others out)."""
     out = {}
     for name, rules in chains.items():
-        args = [r.args for r in rules]
-        text = canonical(args)
-        if text.count("\n") == len(args) and text.count("\0") == sum(map(len, args)):
+        text = _canonical_if_clean([r.args for r in rules])
+        if text is not None:
             out[name] = (rules, text)
     return out
 
@@ -63,12 +69,7 @@ class SavedChains(Mapping[str, tuple[Rule, ...]]):
             return False
         if ahead is not None and ahead[0] is rules:
             return text == ahead[1]
-        args = [r.args for r in rules]
-        if text != canonical(args):
-            return False
-        # equal strings mean equal rules unless a rendered argument holds a separator itself (the
-        # read ones cannot): then there are more separators than rules and arguments
-        return text.count("\n") == len(args) and text.count("\0") == sum(map(len, args))
+        return text == _canonical_if_clean([r.args for r in rules])  # (the read strings are clean)
 
     def __getitem__(self, name: str) -> tuple[Rule, ...]:
         rules = self._parsed.get(name)
@@ -128,15 +129,21 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
     declared: dict[str, int] = {}  # the current table's chains: _OURS, _BUILTIN or _OTHER
     run: list[str] = []  # rule lines of one of our chains, no other of ours between: made canonical together
     run_lines: list[int] = []  # their line numbers
-    run_chain = ""
+    run_key = ("", "")  # (table, chain) of the run
+
+    def end_run() -> None:
+        ours.setdefault(run_key, []).append(_canonical_run(run_key[1], run, run_lines))
+        run.clear()
+        run_lines.clear()
+
     for lineno, raw in enumerate(lines, 1):
         if raw[:3] == "-A " and table and (end := raw.find(" ", 3)) > 0 and (kind := declared.get(raw[3:end])):
             # the usual line, on a short path: a rule of a declared chain
             if kind == _OURS:
-                if raw[3:end] != run_chain or not run:
-                    if run:
-                        ours.setdefault((table, run_chain), []).append(_canonical_run(run_chain, run, run_lines))
-                    run, run_lines, run_chain = [], [], raw[3:end]
+                if run and raw[3:end] != run_key[1]:
+                    end_run()
+                if not run:
+                    run_key = (table, raw[3:end])
                 run.append(raw)
                 run_lines.append(lineno)
                 yield ""
@@ -145,8 +152,7 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
                 yield ""
                 continue
         if run:
-            ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_lines))
-            run = []
+            end_run()
         line = raw.strip(" \t\n")
         head = line[:1]
         if head == "*":
@@ -183,7 +189,7 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
                 ours.pop((table, parts[1]), None)  # (as parse_save empties the chain)
         yield raw
     if run:  # (the output ended without COMMIT: parse_save reports it)
-        ours.setdefault((table or "", run_chain), []).append(_canonical_run(run_chain, run, run_lines))
+        end_run()
 
 
 _OTHER, _BUILTIN, _OURS = 1, 2, 3
@@ -229,9 +235,7 @@ def _rule(line: str, lineno: int) -> tuple[str, list[str] | tuple[str, ...]]:
 
 
 def _canonical_rule(args: list[str] | tuple[str, ...], lineno: int, line: str) -> str:
-    if not args:
-        return "\n"
-    text = "\0".join(args)
-    if "\n" in text or text.count("\0") != len(args) - 1:
+    text = _canonical_if_clean([args])
+    if text is None:
         raise ParseError("NUL or newline inside an argument of our rule", lineno, line)
-    return "\n\0" + text
+    return text

@@ -183,6 +183,11 @@ def format_probability(p: float) -> str:
 # --------------------------------------------------------------------------- model
 
 
+def _check_rule_chain(chain: str) -> None:
+    if not chain or not _CHAIN_NAME_RE.fullmatch(chain):
+        raise ValueError(f"invalid chain name {chain!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One ``-A CHAIN args...`` line; ``args`` are the unquoted tokens after the chain."""
@@ -194,14 +199,12 @@ class Rule:
     def __post_init__(self) -> None:
         if not isinstance(self.args, tuple):
             object.__setattr__(self, "args", tuple(self.args))
-        if not self.chain or not _CHAIN_NAME_RE.fullmatch(self.chain):
-            raise ValueError(f"invalid chain name {self.chain!r}")
+        _check_rule_chain(self.chain)
 
     @classmethod
     def chain_of(cls, chain: str, rules: Iterable[tuple[str, ...]]) -> tuple[Rule, ...]:
         """The rules of one chain from their argument tuples: the name checked once, not per rule."""
-        if not chain or not _CHAIN_NAME_RE.fullmatch(chain):
-            raise ValueError(f"invalid chain name {chain!r}")
+        _check_rule_chain(chain)
         out = []
         for args in rules:
             rule = _new_rule(cls)
