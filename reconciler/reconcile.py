@@ -44,6 +44,7 @@ class Planned:
     observed_model: Any  # None once apply() has verified
     other_mode_cleanup: list[Operation] = field(default_factory=list)
     described: bool = True  # plan.services filled in (see describe())
+    commits: int = 0  # nf_tables commits apply() made (see Backend.apply)
 
     def describe(self, backend: Any) -> None:
         """Fill in plan.services, the plan in service terms (once): what the service ports touched
@@ -206,7 +207,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
         planned.plan.services = []
     if own:
         if planned.described or release:
-            backend.apply(own)
+            planned.commits += backend.apply(own)
         else:  # describe the plan while the kernel takes the transaction (10k services, cold:
             # 0.4 s nftables, 0.7 s iptables, against seconds of `nft -f` / `iptables-restore`)
             with ThreadPoolExecutor(max_workers=1) as kernel:
@@ -214,14 +215,14 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
                 try:
                     planned.describe(backend)
                 finally:
-                    done.result()  # the transaction's outcome first: its error wins
+                    planned.commits += done.result()  # the transaction's outcome first: its error wins
         udp = {s for s in touched_services(own) if s.endswith("/UDP")}
         stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model, udp),
                                           backend.service_view(planned.desired_model, udp)) if udp else []
         if stale:
             log.info("clearing %d stale UDP conntrack flow filter(s)", conntrack.clear(stale))
     if planned.other_mode_cleanup:
-        get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
+        planned.commits += get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
     if release:
         planned.plan.operations = []

@@ -40,7 +40,7 @@ class SlowKernel:
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
 
-    def apply(self, ops: list[Operation]) -> None:
+    def apply(self, ops: list[Operation]) -> int:
         self.apply_thread = threading.get_ident()
         self.overlapped = self.describing.wait(5)
         if self.fail:
@@ -50,6 +50,7 @@ class SlowKernel:
                 self.kernel.pop(op.name, None)
             else:
                 self.kernel[op.name] = op.text.split()[-1]
+        return 1
 
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         self.describing.set()

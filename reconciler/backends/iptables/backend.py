@@ -13,6 +13,7 @@ from typing import Any
 
 from ...state import DesiredState
 from ..base import Operation
+from ..generation import generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
 from .observed import canonical_texts, read_our_tables
@@ -81,11 +82,19 @@ class IptablesBackend:
     def unconverged(self, desired: IptablesModel) -> list[Operation]:
         return diff(desired, self.observe())
 
-    def apply(self, operations: list[Operation]) -> None:
-        """One `<cmd>-restore --noflush` per family (iptables first), each table committed atomically."""
+    def apply(self, operations: list[Operation]) -> int:
+        """One `<cmd>-restore --noflush` per family (iptables first), each table committed
+        atomically: in the nft flavour one nf_tables commit per table."""
         self.last_restore_seconds = {}
+        commits = 0
         for cmd, lines in restore_lines(operations).items():
             self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
+            commits += sum(1 for line in lines if line == "COMMIT")
+        return commits if self.flavour == "nft" else 0
+
+    def generation(self) -> int | None:
+        """nf_tables' generation in the nft flavour; the legacy one keeps none."""
+        return generation() if self.flavour == "nft" else None
 
     def script(self, operations: list[Operation]) -> str:
         return script(operations)

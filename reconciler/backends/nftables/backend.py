@@ -8,6 +8,7 @@ from typing import Any
 
 from ...state import DesiredState
 from ..base import KernelError, Operation
+from ..generation import generation
 from . import kernel
 from .diff import diff, owner, script
 from .objects import TABLE, Ruleset
@@ -54,8 +55,10 @@ class NftablesBackend:
         missing = {ref: t for ref, t in desired.tables.items() if ref not in seen}
         return ops + diff(Ruleset(missing), Ruleset())
 
-    def apply(self, operations: list[Operation]) -> None:
+    def apply(self, operations: list[Operation]) -> int:
         light = self.script(operations)
+        if not light.strip():
+            return 0
         try:
             kernel.run_script(light)
         except KernelError as exc:
@@ -66,6 +69,10 @@ class NftablesBackend:
             # another nft version): nothing was changed, so the plain commands may try
             log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
             kernel.run_script(plain)
+        return 1  # one transaction (a refused one commits nothing)
+
+    def generation(self) -> int | None:
+        return generation()
 
     def script(self, operations: list[Operation]) -> str:
         """The transaction text; the operations are those planned from the last render."""

@@ -1,0 +1,119 @@
+"""The nf_tables ruleset generation on a real kernel, in a throwaway namespace: reads leave it,
+every commit (ours or anybody's) moves it by one, a refused transaction does not; and each
+backend's apply() says exactly how many commits it made (the run loop's drift check relies on
+that, see reconciler/drift.py) — nftables, iptables in the nft flavour (one commit per table),
+and the legacy flavour (none: it keeps no generation)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import netns
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+PROBE = r"""
+import ipaddress, json, shutil, subprocess, sys, tempfile
+from reconciler.backends import get_backend
+from reconciler.backends.base import KernelError, Operation
+from reconciler.backends.generation import generation
+from reconciler.backends.iptables.backend import IptablesBackend
+from reconciler.backends.iptables import kernel as iptables_kernel
+from reconciler.backends.nftables import kernel as nftables_kernel
+from reconciler.config import Options
+from reconciler.reconcile import load_desired
+
+mode, flavour, state = sys.argv[1], sys.argv[2], sys.argv[3]
+kernel = nftables_kernel if mode == "nftables" else iptables_kernel
+backend = IptablesBackend(flavour) if mode == "iptables" else get_backend(mode)
+opts = Options(mode=mode, node_name="node-a",
+               cluster_cidrs=(ipaddress.ip_network("10.244.0.0/16"), ipaddress.ip_network("fd00:244::/32")))
+smaller = tempfile.mkdtemp()
+shutil.copytree(state, smaller, dirs_exist_ok=True)
+subprocess.run(["rm", "-r", f"{smaller}/shop"], check=True)  # two services fewer
+
+steps = []
+def step(name, ops):
+    before = generation()
+    commits = backend.apply(ops)
+    steps.append({"step": name, "ops": len(ops), "commits": commits, "moved": generation() - before,
+                  "backend_generation": backend.generation()})
+
+start = generation()
+backend.observe()
+subprocess.run(["nft", "list", "ruleset"], capture_output=True, check=True)
+subprocess.run(["iptables-nft-save"], capture_output=True, check=True)
+reads_moved = generation() - start
+step("cold apply", backend.diff(backend.render(load_desired(state, opts)), backend.observe()))
+step("two services removed", backend.diff(backend.render(load_desired(smaller, opts)), backend.observe()))
+step("cleanup", backend.cleanup())
+refused_at = generation()
+try:
+    if mode == "nftables":
+        kernel.run_script("add table ip sr-gen\nadd rule ip sr-gen no-such-chain counter\n")
+    else:
+        kernel.restore("iptables", flavour, ["*nat", ":RECONCILER-GEN - [0:0]", "-A RECONCILER-NO-SUCH -j ACCEPT",
+                                             "COMMIT"])
+    refused = False
+except KernelError:
+    refused = True
+refused_moved = generation() - refused_at
+subprocess.run(["nft", "add", "table", "ip", "somebody-else"], check=True)
+print(json.dumps({"start": start, "reads_moved": reads_moved, "steps": steps, "refused": refused,
+                  "refused_moved": refused_moved, "foreign_moved": generation() - refused_at}))
+"""
+
+CASES = [("nftables", "-"), ("iptables", "nft"), ("iptables", "legacy")]
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    reason = netns.skip_reason("nft", "iptables-nft-save", "iptables-legacy-save")
+    if reason:
+        pytest.skip(reason)
+    with netns.throwaway(f"gen-e2e-{os.getpid()}") as name:
+        yield name
+
+
+@pytest.mark.parametrize(("mode", "flavour"), CASES, ids=[f"{m}-{f}" for m, f in CASES])
+def test_apply_reports_the_commits_the_kernel_counted(ns: str, mode: str, flavour: str) -> None:
+    proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, mode, flavour,
+                           str(REPO / "state")], capture_output=True, text=True, timeout=120, check=False,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["start"] >= 1 and out["reads_moved"] == 0
+    steps = {s["step"]: s for s in out["steps"]}
+    assert all(s["ops"] > 0 for s in steps.values()), steps
+    for s in steps.values():
+        assert s["commits"] == s["moved"], s  # what the run loop counts is what the kernel counted
+    if flavour == "legacy":
+        assert all(s["moved"] == 0 and s["backend_generation"] is None for s in steps.values())
+    else:
+        assert all(s["backend_generation"] is not None for s in steps.values())
+        if mode == "nftables":
+            assert [s["moved"] for s in steps.values()] == [1, 1, 1]  # one transaction each
+        else:  # one commit per table, both families: nat + filter each
+            assert steps["cold apply"]["moved"] == 4
+    assert out["refused"] and out["refused_moved"] == 0 and out["foreign_moved"] == 1
+
+
+def test_generation_is_per_network_namespace(ns: str) -> None:
+    probe = "from reconciler.backends.generation import generation; print(generation())"
+    run = lambda: int(subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", probe],  # noqa: E731
+                                     capture_output=True, text=True, timeout=30, check=True, cwd=REPO,
+                                     env={**os.environ, "PYTHONPATH": str(REPO)}).stdout)
+    before = run()
+    assert shutil.which("nft")
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "add", "table", "ip", "t"], check=True, timeout=30)
+    assert run() == before + 1

@@ -1,0 +1,53 @@
+"""The nf_tables generation request and the parsing of the kernel's answers (recorded from this
+machine's kernel; the real round trip is tested in tests/e2e/test_generation.py)."""
+
+from __future__ import annotations
+
+import errno
+import struct
+
+import pytest
+
+from reconciler.backends.generation import parse_reply, request
+
+# NFT_MSG_NEWGEN answering seq 7: NFTA_GEN_ID 2, NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME "python"
+NEWGEN_7 = bytes.fromhex("300000000f0a0000070000001b2a00000000000208000100000000020800020000002a1b"
+                         "0b000300707974686f6e0000")
+# NLMSG_ERROR -EINVAL answering seq 8 (an unknown nf_tables message type)
+EINVAL_8 = bytes.fromhex("2800000002000000080000001b2a0000eaffffff14000000630a0500080000000000000000000000")
+
+
+def test_request_is_a_getgen_of_the_nftables_subsystem() -> None:
+    msg = request(7)
+    length, kind, flags, seq, pid = struct.unpack_from("=IHHII", msg)
+    assert (length, kind, flags, seq, pid) == (len(msg), 0x0A10, 1, 7, 0) and len(msg) == 20
+
+
+def test_the_generation_is_read_from_the_answer() -> None:
+    assert parse_reply(NEWGEN_7, 7) == 2
+
+
+def test_an_answer_to_another_request_is_not_taken() -> None:
+    assert parse_reply(NEWGEN_7, 8) is None
+
+
+def test_a_netlink_error_is_an_oserror() -> None:
+    with pytest.raises(OSError) as info:
+        parse_reply(EINVAL_8, 8)
+    assert info.value.errno == errno.EINVAL
+
+
+def test_the_answer_found_after_a_stray_message() -> None:
+    stray = bytearray(NEWGEN_7)
+    struct.pack_into("=I", stray, 8, 3)  # seq 3: some earlier request's answer
+    assert parse_reply(bytes(stray) + NEWGEN_7, 7) == 2
+
+
+def test_a_message_cut_short_is_an_error() -> None:
+    with pytest.raises(ValueError, match="length 48"):
+        parse_reply(NEWGEN_7[:40], 7)
+
+
+def test_an_answer_without_the_generation_is_an_error() -> None:
+    with pytest.raises(ValueError, match="NFTA_GEN_ID"):
+        parse_reply(NEWGEN_7[:20] + bytes(28), 7)  # the same header, zeroed attributes
