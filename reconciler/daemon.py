@@ -6,8 +6,10 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
   min-sync-period, and at least one full resync per sync-period;
 * a normal sync is incremental: the plan is made against the model left by the last
   successful apply (no kernel read), then applied atomically, without reading the kernel back;
-* the periodic full resync re-reads the kernel; operations found although the kernel should
-  still be as we left it are drift: logged ("repaired drift: N operations"), counted, repaired;
+* the periodic full resync re-reads the kernel, unless the nf_tables ruleset generation shows
+  that nothing was committed since our own last commit (drift.py; at least hourly all the same);
+  operations found although the kernel should still be as we left it are drift: logged
+  ("repaired drift: N operations"), counted, repaired;
 * invalid input never removes what is programmed: from a directory the last good DesiredState
   is kept whole, from the API invalid objects are skipped one by one (as kube-proxy does); the
   errors are logged with their place and counted, /healthz says degraded;
@@ -34,6 +36,7 @@ from . import gcpolicy
 from .backends.base import KernelError
 from .config import Options
 from .desired import BuildCache, build_desired_state
+from .drift import DriftCheck
 from .health import (
     SYSTEM_CLOCK, BindError, Clock, HTTPServerThread, ProxyHealth, ServiceHealthServers, default_hosts,
     local_addresses, node_eligible, start_metrics_server, start_proxy_health_server,
@@ -161,6 +164,7 @@ class SyncReport:
     removed: int = 0
     seconds: float = 0.0
     error: str | None = None
+    kernel_read: bool = False  # the kernel was read back (a full resync the generation could not vouch for)
 
 
 class _PendingChanges:
@@ -212,6 +216,7 @@ class Daemon:
         self.desired: DesiredState | None = None  # last good desired state
         self.applied_desired: DesiredState | None = None
         self.applied_model: Any = None  # the kernel model after the last successful apply
+        self.drift_check = DriftCheck(backend, clock)  # whether a resync must read the kernel
         self._build_cache = BuildCache()  # unchanged Services are not rebuilt
         self._pending = _PendingChanges()  # source changes no build has taken in yet
         self._triggers: dict[Key, str] = {}  # trigger times of slices changed since the last applied sync
@@ -402,7 +407,7 @@ class Daemon:
     def sync(self, kind: str) -> SyncReport:
         with gcpolicy.paused():
             report = self._sync(kind)
-        gcpolicy.after_sync(report.kind == "full")
+        gcpolicy.after_sync(report.kernel_read)
         return report
 
     def _sync(self, kind: str) -> SyncReport:
@@ -437,26 +442,47 @@ class Daemon:
         kind = "full" if full else "incremental"
         desired = self.desired
         assert desired is not None
+        check = self.drift_check
         try:
-            if full or self.applied_model is None:
+            # a full resync reads the kernel back, unless its generation says that nobody has
+            # committed anything since our own last commit (see drift.py)
+            read = self.applied_model is None or (full and check.needs_read())
+            if read:
+                read_at = check.reading()
                 planned = make_plan(self.backend, desired, describe=False)
             else:
+                if full:
+                    log.debug("full resync without reading the kernel back: the ruleset generation "
+                              "is where our own last commit left it (%s)", check.known)
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model, describe=False)
-            drift = self._drift(full, desired, planned)
+            drift = self._drift(read, desired, planned)
             operations = len(planned.plan.operations)
             by_action = Counter(op.action for op in planned.plan.operations)
             counts = planned.count_services(self.backend)  # the numbers, not the description
             # nothing to do: the kernel equals the desired model; keep that one (the renderer's
             # objects, which the next diff recognises by identity), not a second, observed copy.
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
-            after = apply(self.backend, planned, verify=full, release=True) if operations else planned.desired_model
+            if operations:
+                before = self.backend.generation()
+                after = apply(self.backend, planned, verify=read, release=True)
+                check.committed(before, planned.commits, verified=read)
+            else:
+                after = planned.desired_model
+                if read:
+                    check.found_in_sync(read_at)
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
+            check.forget()
             return self._failed(kind, start, exc, quiet=not full)
         seconds = self.clock.monotonic() - start
         self.applied_model = after
         self.applied_desired = desired
         self._need_full = False
-        report = SyncReport(kind, True, operations, drift, counts["+"], counts["~"], counts["-"], seconds)
+        report = SyncReport(kind, True, operations, drift, counts["+"], counts["~"], counts["-"], seconds,
+                            kernel_read=read)
+        if read:
+            self.metrics.kernel_reads.inc()
+        elif full:
+            self.metrics.kernel_reads_skipped.inc()
         if drift:
             log.warning("repaired drift: %d operations", drift, extra=_fields(drift_operations=drift))
             self.metrics.drift_repairs.inc()
@@ -464,9 +490,9 @@ class Daemon:
         self._after_success(report, desired, by_action)
         return report
 
-    def _drift(self, full: bool, desired: DesiredState, planned: Planned) -> int:
-        """Operations a full resync needs although the kernel should be as we left it."""
-        if not full or self.applied_model is None or not planned.plan.operations:
+    def _drift(self, read: bool, desired: DesiredState, planned: Planned) -> int:
+        """Operations a resync that read the kernel needs although it should be as we left it."""
+        if not read or self.applied_model is None or not planned.plan.operations:
             return 0
         if desired == self.applied_desired:
             return len(planned.plan.operations)
@@ -507,7 +533,8 @@ class Daemon:
                  report.changed, report.removed, report.operations, report.seconds * 1000,
                  extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
                                removed=report.removed, operations=report.operations,
-                               duration_ms=round(report.seconds * 1000, 1), services=len(desired.services)))
+                               duration_ms=round(report.seconds * 1000, 1), services=len(desired.services),
+                               kernel_read=report.kernel_read))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,8 +9,10 @@ kernel back 6.1 s -> 3.5 s without it). So:
 * one-shot commands (plan, apply, ...) run without it: they are short and build no cycles worth
   collecting;
 * the run loop pauses it during a sync, collects the sync's garbage afterwards, and freezes what
-  a full sync leaves alive (the long-lived model) so later collections skip it; each full sync
-  unfreezes first, so nothing stays frozen for longer than one sync period.
+  a sync that read the kernel back leaves alive (the long-lived model) so later collections skip
+  it; each such sync unfreezes first (a full resync reads the kernel at least hourly, see
+  drift.py), so nothing stays frozen for longer than that. A resync that did not read the kernel
+  made little garbage: a full collection then would cost 0.5 s at 10k services for nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def paused() -> Iterator[None]:
 
 
 def after_sync(full: bool) -> None:
-    """Collect a sync's cyclic garbage. After a full sync, also re-freeze the survivors: a full
-    collection then (one per sync period) and cheap young ones after incremental syncs."""
+    """Collect a sync's cyclic garbage. `full` (after a sync that read the kernel back): a full
+    collection and the survivors re-frozen; otherwise only the young generations."""
     if full:
         gc.unfreeze()
         gc.collect()

@@ -75,6 +75,14 @@ class Metrics:
             "Full resyncs that found the kernel changed behind our back (and repaired it)", registry=r)
         self.drift_operations = Counter(
             "reconciler_drift_operations_total", "Kernel operations needed to repair drift", registry=r)
+        self.kernel_reads = Counter(
+            "reconciler_kernel_reads_total",
+            "Syncs that read our kernel objects back (the first, and full resyncs the ruleset "
+            "generation could not vouch for)", registry=r)
+        self.kernel_reads_skipped = Counter(
+            "reconciler_kernel_reads_skipped_total",
+            "Full resyncs that did not read the kernel back: the ruleset generation was where our "
+            "own last commit had left it", registry=r)
         self.source_errors = Counter(
             "reconciler_source_errors_total",
             "Input errors: invalid manifests/objects (reason=invalid) or source failures (reason=source)",

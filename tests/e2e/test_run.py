@@ -203,6 +203,22 @@ def test_drift_is_repaired_by_the_next_resync_and_counted(lab: Lab, running: Run
     assert plan.returncode == 0, plan.stdout
 
 
+def test_resync_reads_the_kernel_only_after_somebody_else_committed(lab: Lab, running: Running) -> None:
+    reads, skipped = metric(lab, "reconciler_kernel_reads_total"), metric(lab, "reconciler_kernel_reads_skipped_total")
+    repairs = metric(lab, "reconciler_drift_repairs_total")
+    wait_for(lambda: metric(lab, "reconciler_kernel_reads_skipped_total") >= skipped + 2,
+             timeout=3 * SYNC_PERIOD + 5, interval=0.2, what="two resyncs that trust the generation")
+    assert metric(lab, "reconciler_kernel_reads_total") == reads  # the kernel was not read back
+    lab.exec("node", ["nft", "add", "table", "ip", "bystander"])  # a commit, nothing of ours touched
+    try:
+        wait_for(lambda: metric(lab, "reconciler_kernel_reads_total") > reads, timeout=2 * SYNC_PERIOD + 5,
+                 interval=0.2, what="the resync that reads")
+    finally:
+        lab.exec("node", ["nft", "delete", "table", "ip", "bystander"])
+    assert metric(lab, "reconciler_drift_repairs_total") == repairs  # read, and found nothing to repair
+    assert running.logged(r"^sync full: service ports \+0 ~0 -0, 0 operations")
+
+
 BROKEN = """apiVersion: v1
 kind: Service
 metadata:

@@ -57,15 +57,26 @@ def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 
 
 
 class FakeBackend:
-    """A kernel model {service port id: digest}; counts kernel reads and transactions."""
+    """A kernel model {service port id: digest}; counts kernel reads and transactions. Like
+    nf_tables, it counts commits in a generation (None: a kernel that keeps none, legacy
+    iptables); tamper() is somebody else's commit."""
 
     mode = "fake"
 
-    def __init__(self) -> None:
+    def __init__(self, generation: int | None = 1) -> None:
         self.kernel: dict[str, str] = {}
         self.observes = 0
         self.applies: list[list[Operation]] = []
         self.fail: Exception | None = None
+        self.gen = generation
+
+    def generation(self) -> int | None:
+        return self.gen
+
+    def tamper(self, change: Callable[[dict[str, str]], Any]) -> None:
+        change(self.kernel)
+        if self.gen is not None:
+            self.gen += 1
 
     def render(self, desired: Any) -> dict[str, str]:
         return {s.id: s.digest() for s in desired.services}
@@ -88,7 +99,7 @@ class FakeBackend:
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
 
-    def apply(self, ops: list[Operation]) -> None:
+    def apply(self, ops: list[Operation]) -> int:
         if self.fail is not None:
             raise self.fail
         for op in ops:
@@ -97,6 +108,10 @@ class FakeBackend:
             else:
                 self.kernel[op.name] = op.text.split()[-1]
         self.applies.append(ops)
+        if self.gen is None:
+            return 0
+        self.gen += 1
+        return 1
 
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items()}
@@ -127,9 +142,10 @@ def web(ip: str = "10.96.0.10", eps: tuple[str, ...] = ("10.244.1.10",), name: s
     return [service(name, ip, HTTP), endpoint_slice(name, [endpoint(e) for e in eps], port=8080)]
 
 
-def make(objects: list[SourceObject] | None = None, **opts: Any) -> tuple[Daemon, FakeBackend, FakeSource, FakeClock]:
+def make(objects: list[SourceObject] | None = None, generation: int | None = 1,
+         **opts: Any) -> tuple[Daemon, FakeBackend, FakeSource, FakeClock]:
     clock = FakeClock()
-    backend = FakeBackend()
+    backend = FakeBackend(generation)
     source = FakeSource(web() if objects is None else objects)
     o = Options(node_name="node-a", sync_period=opts.pop("sync_period", SYNC),
                 min_sync_period=opts.pop("min_sync_period", MIN_SYNC), **opts)
@@ -200,28 +216,124 @@ def test_incremental_sync_plans_without_reading_the_kernel() -> None:
     assert backend.observes == reads
 
 
-def test_full_resync_every_sync_period_repairs_drift() -> None:
-    d, backend, source, clock = make()
+@pytest.mark.parametrize("generation", [1, None], ids=["generation", "no generation"])
+def test_full_resync_every_sync_period_repairs_drift(generation: int | None) -> None:
+    d, backend, source, clock = make(generation=generation)
     d.step()
     reads = backend.observes
     clock.advance(SYNC)
     report = d.step()
     assert report is not None and report.kind == "full" and report.operations == 0 and report.drift == 0
-    assert backend.observes == reads + 1  # the full resync re-reads the kernel
+    # the full resync re-reads the kernel, unless its generation vouches for it
+    assert backend.observes == reads + (generation is None)
     assert value(d, "reconciler_drift_repairs_total") == 0
-    backend.kernel.clear()  # someone flushed our table
+    backend.tamper(dict.clear)  # someone flushed our table
     clock.advance(SYNC)
     report = d.step()
-    assert report is not None and report.kind == "full" and report.drift == 1
+    assert report is not None and report.kind == "full" and report.drift == 1 and report.kernel_read
     assert backend.kernel  # repaired
     assert value(d, "reconciler_drift_repairs_total") == 1
     assert value(d, "reconciler_drift_operations_total") == 1
 
 
+def resync(d: Daemon, clock: FakeClock) -> Any:
+    clock.advance(SYNC)
+    report = d.step()
+    assert report is not None and report.kind == "full" and report.ok
+    return report
+
+
+def test_resync_reads_the_kernel_only_when_its_generation_moved() -> None:
+    d, backend, source, clock = make()
+    assert d.step().kernel_read  # type: ignore[union-attr]  # the first sync always reads
+    reads = backend.observes
+    report = resync(d, clock)
+    assert not report.kernel_read and backend.observes == reads and report.operations == 0
+    assert value(d, "reconciler_kernel_reads_skipped_total") == 1
+    # our own commits keep the generation known: an incremental sync, then a resync
+    source.objects = web(eps=("10.244.1.10", "10.244.1.11"))
+    d.notify()
+    clock.advance(2)
+    assert d.step().operations == 1  # type: ignore[union-attr]
+    assert not resync(d, clock).kernel_read and backend.observes == reads
+    # somebody else commits anything at all (no change to ours): the next resync reads, once
+    backend.tamper(lambda kernel: None)
+    report = resync(d, clock)
+    assert report.kernel_read and report.drift == 0 and backend.observes == reads + 1
+    assert not resync(d, clock).kernel_read and backend.observes == reads + 1
+    assert value(d, "reconciler_kernel_reads_total") == 2
+    assert value(d, "reconciler_kernel_reads_skipped_total") == 3
+
+
+def test_a_commit_beside_ours_makes_the_next_resync_read() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    real_apply = backend.apply
+
+    def with_a_foreign_commit(ops: list[Operation]) -> int:
+        backend.tamper(lambda kernel: kernel.clear())  # lands in the same instant
+        return real_apply(ops)
+
+    backend.apply = with_a_foreign_commit  # type: ignore[method-assign]
+    source.objects = web() + web("10.96.0.11", name="api")
+    d.notify()
+    clock.advance(2)
+    assert d.step().operations == 1  # type: ignore[union-attr]
+    backend.apply = real_apply  # type: ignore[method-assign]
+    report = resync(d, clock)
+    assert report.kernel_read and report.drift == 1 and len(backend.kernel) == 2
+
+
+def test_an_incremental_commit_after_a_foreign_one_does_not_vouch_for_the_kernel() -> None:
+    d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
+    d.step()
+    backend.tamper(lambda kernel: kernel.pop("default/api:http/TCP"))  # drift, then our commit
+    source.objects = web(eps=("10.244.1.99",)) + web("10.96.0.11", name="api")
+    d.notify()
+    clock.advance(2)
+    assert d.step().kind == "incremental"  # type: ignore[union-attr]
+    report = resync(d, clock)
+    assert report.kernel_read and report.drift == 1 and "default/api:http/TCP" in backend.kernel
+
+
+@pytest.mark.parametrize("in_sync", [True, False], ids=["read finds it in sync", "read repairs"])
+def test_a_commit_during_the_read_makes_the_next_resync_read_again(in_sync: bool) -> None:
+    d, backend, source, clock = make()
+    d.step()
+    backend.tamper(lambda kernel: None if in_sync else kernel.clear())
+    real_observe = backend.observe
+
+    def observe_while_somebody_commits() -> dict[str, str]:
+        seen = real_observe()
+        backend.tamper(lambda kernel: None)
+        return seen
+
+    backend.observe = observe_while_somebody_commits  # type: ignore[method-assign]
+    report = resync(d, clock)
+    assert report.kernel_read and report.drift == (0 if in_sync else 1)
+    backend.observe = real_observe  # type: ignore[method-assign]
+    assert resync(d, clock).kernel_read  # what came after the read is not known
+    assert not resync(d, clock).kernel_read
+
+
+def test_the_kernel_is_read_at_least_hourly_and_after_a_failure() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    kinds = [resync(d, clock).kernel_read for _ in range(int(3600 / SYNC))]
+    assert kinds == [False] * (int(3600 / SYNC) - 1) + [True]  # the 120th resync is an hour after the read
+    backend.fail = KernelError("nft: Error")
+    source.objects = web(eps=("10.244.1.12",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().ok is False  # type: ignore[union-attr]
+    backend.fail = None
+    assert resync(d, clock).kernel_read
+
+
 def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
     d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
     d.step()
-    backend.kernel.clear()
+    backend.tamper(dict.clear)
     clock.advance(SYNC)
     with caplog.at_level(logging.INFO, logger="reconciler.daemon"):
         d.step()
@@ -232,7 +344,7 @@ def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
 def test_drift_counted_when_input_changed_in_the_same_resync() -> None:
     d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
     d.step()
-    del backend.kernel["default/api:http/TCP"]  # drift
+    backend.tamper(lambda k: k.pop("default/api:http/TCP"))  # drift
     source.objects = web(eps=("10.244.1.99",)) + web("10.96.0.11", name="api")  # and a real change
     clock.advance(SYNC)
     d.notify()
@@ -320,11 +432,11 @@ def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
     real_apply = backend.apply
     calls = []
 
-    def apply_once_failing(ops: list[Operation]) -> None:
+    def apply_once_failing(ops: list[Operation]) -> int:
         calls.append(ops)
         if len(calls) == 1:
             raise KernelError("nft: No such file or directory")
-        real_apply(ops)
+        return real_apply(ops)
 
     backend.apply = apply_once_failing  # type: ignore[method-assign]
     source.objects = web(eps=("10.244.1.77",))
