@@ -8,7 +8,9 @@ cold apply, no-op plan, one endpoint changed (plan, then apply), one service add
 `run` daemon: time from a file change to the kernel updated, and its peak RSS, starting on a kernel
 already programmed (warm) and on an empty one (cold start: a node's first start; also the time
 from the start to that first sync done, which programs everything and verifies it) (cold apply
-RSS: the largest of the command and its children, which at 10k is `nft -f` itself).
+RSS: the largest of the command and its children, which at 10k is `nft -f` itself), and a periodic
+resync: while nobody else commits (the ruleset generation vouches for the kernel: no read) and
+right after somebody else's commit (it reads the kernel back; against the read floor).
 Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
 ruleset into an empty namespace (load), and also load + read, since apply verifies by reading the
@@ -192,6 +194,7 @@ def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[
             logged(f[label + ", tool"], label)
         os.unlink(added)
         f["run"] = bench_run(ns, state_dir, mode, services, endpoints)
+        f["run"].update(bench_resync(ns, state_dir, mode))
     finally:
         ns.close()
     f["run"].update(bench_run_cold(state_dir, mode))
@@ -247,9 +250,9 @@ def tool_seconds(messages: list[str]) -> float:
     return sum(float(m.group(1)) for m in map(TOOL_LINE.search, messages) if m)
 
 
-def run_argv(state_dir: str, mode: str) -> list[str]:
+def run_argv(state_dir: str, mode: str, sync_period: str = "1h") -> list[str]:
     return reconciler("run", "--source", state_dir, "--mode", mode, *FLAGS, "--log-format", "json",
-                      "--sync-period", "1h", "--min-sync-period", "0s",
+                      "--sync-period", sync_period, "--min-sync-period", "0s",
                       "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0")
 
 
@@ -314,6 +317,49 @@ def bench_run(ns: Netns, state_dir: str, mode: str, services: int, endpoints: in
         shutil.rmtree(os.path.join(state_dir, "added"), ignore_errors=True)
         os.unlink(log.name)
     return out
+
+
+RESYNC_PERIOD = "2s"
+RESYNC_SAMPLES = 3
+
+
+def bench_resync(ns: Netns, state_dir: str, mode: str) -> dict[str, float]:
+    """`reconciler run` with a short sync period on the kernel the CLI runs programmed: how long a
+    periodic resync takes, and the CPU it costs (the daemon and the tools it ran), while nobody
+    else commits (its drift check trusts the ruleset generation) and right after somebody else's
+    commit (an unrelated nftables table: it reads the kernel back)."""
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode, RESYNC_PERIOD)), stdout=log, stderr=log, text=True)
+        try:
+            wait_for_syncs(log.name, 1, timeout=600, proc=proc)  # a start reads the kernel
+            n = count_syncs(log.name)
+            cpu = cpu_seconds(proc.pid)
+            wait_for_syncs(log.name, n + RESYNC_SAMPLES, timeout=600, proc=proc)
+            cpu = (cpu_seconds(proc.pid) - cpu) / RESYNC_SAMPLES
+            quiet = sync_lines(log.name)[n:n + RESYNC_SAMPLES]
+            n = count_syncs(log.name)
+            ns.run(["nft", "add", "table", "ip", "bench-bystander"])
+            try:  # the first sync logged may have started before the commit: wait for one that read
+                deadline = time.monotonic() + 600
+                while not any(r.get("kernel_read") for r in sync_lines(log.name)[n:]):
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("no resync read the kernel after a foreign commit")
+                    time.sleep(0.05)
+            finally:
+                ns.run(["nft", "delete", "table", "ip", "bench-bystander"])
+            read = next(r for r in sync_lines(log.name)[n:] if r.get("kernel_read"))
+        finally:
+            stop(proc)
+    return {"resync, untouched": statistics.median(r["duration_ms"] / 1000 for r in quiet),
+            "resync, untouched: reads": sum(bool(r.get("kernel_read")) for r in quiet),
+            "resync, untouched: CPU": cpu, "resync, after a foreign commit": read["duration_ms"] / 1000}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and of the children it has waited for."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def log_records(path: str) -> list[dict[str, Any]]:
@@ -442,8 +488,9 @@ def print_table(rows: list[Row]) -> None:
     print()
     print("| size | backend | run: 1 endpoint, event->kernel (kernel tool, ratio) "
           "| run: +1 service, event->kernel (kernel tool, ratio) "
-          "| run cold start: start->first sync done (load + read floor, ratio) | run peak RSS: warm / cold start |")
-    print("|---|---|---|---|---|---|")
+          "| run cold start: start->first sync done (load + read floor, ratio) | run peak RSS: warm / cold start "
+          "| run: resync, kernel untouched (CPU) | run: resync after a foreign commit (read floor, ratio) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         run = r.figures.get("run", {})
         nan = float("nan")
@@ -451,7 +498,9 @@ def print_table(rows: list[Row]) -> None:
               f"| {against(run.get('1 endpoint', nan), run.get('1 endpoint, tool', nan))} "
               f"| {against(run.get('+1 service', nan), run.get('+1 service, tool', nan))} "
               f"| {against(run.get('cold start', nan), r.figures['floor: load'] + r.figures['floor: read'])} "
-              f"| {run.get('peak RSS MiB', 0):.0f} / {run.get('cold start RSS MiB', 0):.0f} MiB |")
+              f"| {run.get('peak RSS MiB', 0):.0f} / {run.get('cold start RSS MiB', 0):.0f} MiB "
+              f"| {fmt(run.get('resync, untouched', nan))} ({fmt(run.get('resync, untouched: CPU', nan))}) "
+              f"| {against(run.get('resync, after a foreign commit', nan), r.figures['floor: read'])} |")
 
 
 def against(seconds: float, floor: float) -> str:
