@@ -14,7 +14,7 @@ right after somebody else's commit (it reads the kernel back; against the read f
 Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
 ruleset into an empty namespace (load), and also load + read, since apply verifies by reading the
-kernel back. Plan: `nft -j list table` of each of our tables / one `iptables-save` per family of
+kernel back. Plan: `nft list table` of each of our tables / one `iptables-save` per family of
 what our apply programmed (read); the no-op plan and the read are medians of three, taken in
 turn. A change (apply, `run`): the tool's own time for our transaction, which the commands log
 with -v, plus (apply) the read before planning and the verifying read after. A cold start: load
@@ -135,12 +135,12 @@ def read_floor(ns: Netns, mode: str) -> float:
     """The kernel tool reading back what the namespace holds, as a plan needs it."""
     t = time.monotonic()
     if mode == "nftables":
-        # `nft -j list table` of each of our tables, one after the other (`list ruleset` is much
-        # slower in JSON for many tables, so it would flatter us)
+        # `nft list table` of each of our tables, one after the other (what observe runs; `list
+        # ruleset` is slower for many tables, so it would flatter us)
         from reconciler.backends.nftables.observe import table_names
         for family in ("ip", "ip6"):
             for name in table_names():
-                ns.run(["nft", "-j", "list", "table", family, name], check=False)
+                ns.run(["nft", "list", "table", family, name], check=False)
     else:
         for fam in ("iptables", "ip6tables"):  # one save of all tables per family, as a plan reads
             ns.run([f"{fam}-save"])  # (the nft flavour fetches every table even for `-t`)

@@ -117,7 +117,7 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
 def plan_against_kernel(backend: Any, source: str, options: Options, describe: bool = True) -> Planned:
     """Read the kernel while the manifests load and render, then plan: the one-shot commands' path.
 
-    A backend whose model pickles cheaply (observe_in = "process": nftables' JSON read into
+    A backend whose model pickles cheaply (observe_in = "process": nftables' rules read as
     strings, iptables' chains kept as strings) reads in a forked child: the tools it runs and the
     parsing of their output use the other core without waiting for this process's interpreter
     lock, and the model comes back pickled; its sibling parses part of the manifests. Otherwise (a

@@ -17,6 +17,7 @@ PROBE = r"""
 import json, logging, sys
 from reconciler.backends.base import KernelError
 from reconciler.backends.nftables import kernel
+from reconciler.backends.nftables.observe import parse_table
 
 logged = []
 class Keep(logging.Handler):
@@ -26,8 +27,8 @@ kernel.log.addHandler(Keep())
 kernel.log.setLevel(logging.DEBUG)
 
 def rules():
-    doc = kernel.list_table("ip", "sr-tx-test")
-    return [r["rule"]["expr"] for r in doc["nftables"] if "rule" in r] if doc else None
+    text = kernel.list_table("ip", "sr-tx-test")
+    return list(parse_table(text, "ip", "sr-tx-test").chains["c"].rules) if text else None
 
 out = {"in_process": kernel._LIBNFT.available()}
 out["seconds"] = kernel.run_script("add table ip sr-tx-test\nadd chain ip sr-tx-test c\nadd rule ip sr-tx-test c counter\n")

@@ -11,7 +11,7 @@ import pytest
 from helpers import HTTP, REPO, STATE_DIR, build, endpoint, endpoint_slice, service
 
 from reconciler.backends.nftables.diff import diff, script
-from reconciler.backends.nftables.objects import Ruleset
+from reconciler.backends.nftables.objects import BaseHook, Ruleset
 from reconciler.backends.nftables.observe import parse_table
 from reconciler.backends.nftables.render import render, shard_of
 from reconciler.desired import BuildOptions, build_desired_state
@@ -28,13 +28,15 @@ def example_state():
 
 
 def recorded() -> Ruleset:
-    """`nft -j list table` of every table of ours, recorded after `reconciler apply` of state/."""
+    """`nft list table` of every table of ours, recorded after `reconciler apply` of state/
+    (tests/data/nftables/record.sh)."""
     tables = {}
-    for path in sorted(glob.glob(os.path.join(DATA, "state-example-*.json"))):
-        fam, name = os.path.basename(path)[len("state-example-"):-len(".json")].split("-", 1)
+    for path in sorted(glob.glob(os.path.join(DATA, "state-example-*.nft"))):
+        fam, name = os.path.basename(path)[len("state-example-"):-len(".nft")].split("-", 1)
         with open(path) as fh:
-            t = parse_table(json.load(fh), fam, name)
+            t = parse_table(fh.read(), fam, name)
         tables[t.ref] = t
+    assert len(tables) == 9
     return Ruleset(tables)
 
 
@@ -54,7 +56,6 @@ def elements(model: Ruleset, set_name: str, family: str = "ip") -> dict:
 
 
 def test_recorded_kernel_output_parses_back_to_the_rendered_model():
-    # Recorded with `nft -j list table` after `reconciler apply` of state/ (see README, "Tests").
     want = render(example_state())
     have = recorded()
     assert {"ip reconciler", "ip6 reconciler"} <= set(want.tables)
@@ -80,14 +81,88 @@ def test_rule_text_matches_nft_listing():
     assert any("dnat to [fd00:244:1::20]:8443" in r for r in chain(have, "ext-shop/frontend/https/tcp", "ip6").rules)
 
 
-def test_unknown_expressions_are_drift_not_crashes():
-    doc = {"nftables": [
-        {"chain": {"family": "ip", "table": "reconciler", "name": "services", "handle": 1}},
-        {"rule": {"family": "ip", "table": "reconciler", "chain": "services", "handle": 2,
-                  "expr": [{"counter": {"packets": 0, "bytes": 0}}, {"accept": None}]}},
-    ]}
-    t = parse_table(doc, "ip", "reconciler")
-    assert t.chains["services"].rules[0].startswith("<unparsed")
+FOREIGN_TABLE = """table ip reconciler-03 {
+\tcomment "somebody's note"
+\tflags dormant
+\tflowtable ft {
+\t\thook ingress priority filter
+\t\tdevices = { lo }
+\t}
+
+\tcounter seen {
+\t\tpackets 0 bytes 0
+\t}
+
+\tset aff-x {
+\t\ttype ipv4_addr
+\t\tsize 65535
+\t\tflags dynamic,timeout
+\t\ttimeout 3h
+\t\telements = { 10.0.0.1 timeout 3h expires 2h59m58s }
+\t}
+
+\tset odd {
+\t\ttype ipv4_addr
+\t\tcomment "a, set } with { braces"
+\t\telements = { 10.0.0.1 comment "one, with : a comma }",
+\t\t\t     10.0.0.2 }
+\t}
+
+\tmap service-ips {
+\t\ttype ipv4_addr . inet_proto . inet_service : verdict
+\t\telements = { 10.96.0.10 . tcp . 80 comment "default/web:http/TCP" : goto svc-default/web/http/tcp,
+\t\t\t     10.96.0.11 . udp . 53 : drop }
+\t}
+
+\tchain services {
+\t\tcomment "hooked"
+\t\ttype nat hook prerouting priority dstnat - 10; policy accept;
+\t\tip daddr . meta l4proto . th dport vmap @service-ips
+\t\tcounter packets 1 bytes 60 accept comment "added by hand {"
+\t}
+
+\tchain odd-hook {
+\t\ttype nat hook output priority somewhere; policy accept;
+\t}
+
+\tchain empty {
+\t}
+}
+"""
+
+
+def test_foreign_content_parses_without_crashing_and_shows_as_it_is():
+    t = parse_table(FOREIGN_TABLE, "ip", "reconciler-03")
+    assert set(t.chains) == {"services", "odd-hook", "empty"} and set(t.sets) == {"aff-x", "odd", "service-ips"}
+    services = t.chains["services"]
+    assert services.base is not None and services.base.priority == -110 and services.base.type == "nat"
+    # a rule we never render is kept as nft prints it, so it never equals a rendered one
+    assert services.rules == ("ip daddr . meta l4proto . th dport vmap @service-ips",
+                              'counter packets 1 bytes 60 accept comment "added by hand {"')
+    assert t.chains["odd-hook"].base is not None and t.chains["odd-hook"].base.type.startswith("<unparsed")
+    assert t.chains["empty"].rules == () and t.chains["empty"].base is None
+    aff = t.sets["aff-x"]
+    assert aff.flags == ("dynamic", "timeout") and aff.timeout == 10800 and aff.elements == {}
+    assert t.sets["odd"].elements == {"10.0.0.1": (None, "one, with : a comma }"), "10.0.0.2": (None, None)}
+    assert t.sets["service-ips"].elements == {
+        "10.96.0.10 . tcp . 80": ("goto svc-default/web/http/tcp", "default/web:http/TCP"),
+        "10.96.0.11 . udp . 53": ("drop", None)}
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("10m", 600), ("3h", 10800), ("1d2h3m4s", 93784), ("10800s", 10800),
+                                               ("1h30m", 5400), ("2s500ms", 2), ("soon", -1)])
+def test_set_timeouts_as_nft_prints_them(text, seconds):
+    doc = f"table ip t {{\n\tset s {{\n\t\ttype ipv4_addr\n\t\tflags timeout\n\t\ttimeout {text}\n\t}}\n}}\n"
+    s = parse_table(doc, "ip", "t").sets["s"]
+    assert s.timeout == seconds and s.flags == ("dynamic", "timeout")
+
+
+@pytest.mark.parametrize(("text", "priority"), [("dstnat", -100), ("srcnat", 100), ("filter - 10", -10),
+                                                ("dstnat - 10", -110), ("-110", -110), ("mangle + 5", -145),
+                                                ("0", 0)])
+def test_hook_priorities_as_nft_prints_them(text, priority):
+    doc = f"table ip t {{\n\tchain c {{\n\t\ttype filter hook output priority {text}; policy drop;\n\t}}\n}}\n"
+    assert parse_table(doc, "ip", "t").chains["c"].base == BaseHook("filter", "output", priority, "drop")
 
 
 def many_services(n: int, changed: int | None = None, skip: int | None = None):

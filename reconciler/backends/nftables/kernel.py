@@ -1,15 +1,15 @@
-"""The only place that talks to nftables: read our tables as JSON, run one atomic transaction.
+"""The only place that talks to nftables: read our tables as text, run one atomic transaction.
 
 Transactions go through `nft -f`, except small ones (the run loop's incremental syncs), which
 go through libnftables in this process: no process start (see diff.script for how their text
 spares nft a read of the whole ruleset). Big transactions keep using `nft -f`: whatever memory
-nft needs to parse them goes away with the process. Reads run `nft -j` children, several at once.
+nft needs to parse them goes away with the process. Reads run `nft list table` children, several
+at once.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import shutil
@@ -54,15 +54,18 @@ def existing_tables() -> set[tuple[str, str]] | None:
         return None
 
 
-def list_table(family: str, name: str) -> dict[str, Any] | None:
-    """`nft -j list table FAMILY NAME`, or None when the table does not exist."""
-    proc = subprocess.run([nft_binary(), "-j", "list", "table", family, name],
+def list_table(family: str, name: str) -> str | None:
+    """`nft list table FAMILY NAME` (the text nft prints), or None when the table does not exist.
+
+    Text, not `-j`: nft takes the same time for both, and parsing the text costs a tenth of
+    parsing the JSON (10k services: 0.34 s against 3.9 s for our 17 tables)."""
+    proc = subprocess.run([nft_binary(), "list", "table", family, name],
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         if "No such file or directory" in proc.stderr or "does not exist" in proc.stderr:
             return None
-        raise KernelError(f"nft -j list table {family} {name}: {proc.stderr.strip()}")
-    return json.loads(proc.stdout)
+        raise KernelError(f"nft list table {family} {name}: {proc.stderr.strip()}")
+    return proc.stdout
 
 
 def run_script(script: str) -> float:

@@ -1,13 +1,12 @@
-"""`nft -j list table` output -> the same Ruleset model the renderer produces."""
+"""`nft list table` output -> the same Ruleset model the renderer produces."""
 
 from __future__ import annotations
 
-import json
+import re
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Iterator
 
 from . import kernel
-from .expr import Unsupported, element, rule_text, verdict_or_value
 from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
 from .render import SHARDS, shard_table_name
 
@@ -18,22 +17,22 @@ def table_names() -> list[str]:
 
 
 def observe(look_first: bool = False) -> Ruleset:
-    """Our tables (main and shards, both families), read in parallel: one `nft -j list table` each
+    """Our tables (main and shards, both families), read in parallel: one `nft list table` each
     (see each_table for `look_first`)."""
     return Ruleset(dict(sorted((t.ref, t) for t in each_table(look_first))))
 
 
 def each_table(look_first: bool = False) -> Iterator[Table]:
-    """Our tables as they are read (several `nft -j list table` at once, in order).
+    """Our tables as they are read (several `nft list table` at once, in order).
 
-    Each worker parses its table as soon as it is read, so only a few tables' JSON is ever in
-    memory at once (at 10k services all of it would be ~300 MB). With `look_first`, the tables
+    Each worker parses its table as soon as it is read, so only a few tables' text is ever in
+    memory at once. With `look_first`, the tables
     there are listed over netlink first and only those are read: for when most are expected
     missing (the other mode's leftovers), as it costs an import of ~0.2 s and 20 MB.
     """
     def read(ref: tuple[str, str]) -> Table | None:
-        doc = kernel.list_table(*ref)
-        return None if doc is None else parse_table(doc, *ref)
+        text = kernel.list_table(*ref)
+        return None if text is None else parse_table(text, *ref)
 
     wanted = [(family, name) for family in FAMILIES.values() for name in table_names()]
     existing = kernel.existing_tables() if look_first else None
@@ -45,64 +44,164 @@ def each_table(look_first: bool = False) -> Iterator[Table]:
                 yield table
 
 
-def parse_table(doc: dict[str, Any], family: str, name: str) -> Table:
-    """Parse one table from nft's JSON (a {"nftables": [...]} document)."""
+def parse_table(text: str, family: str, name: str) -> Table:
+    """Parse `nft list table FAMILY NAME` output into the model render() makes.
+
+    Rules are kept as the lines nft prints (one rule per line, the text the renderer writes), so
+    a rule nft prints otherwise than we render is a difference, never a crash: the planner
+    rewrites it. Blocks other than chains, sets and maps (flowtables, named counters, ...) and
+    lines the model has no place for (comments, set sizes, table flags) are passed over, as the
+    model does not compare them.
+    """
+    lines = text.split("\n")
     chains: dict[str, Chain] = {}
-    rules: dict[str, list[str]] = {}
     sets: dict[str, NftSet] = {}
-    for item in doc.get("nftables", []):
-        if "chain" in item:
-            c = item["chain"]
-            if c["table"] != name or c["family"] != family:
-                continue
-            base = None
-            if "hook" in c:
-                base = BaseHook(c.get("type", "filter"), c["hook"], int(c.get("prio", 0)), c.get("policy", "accept"))
-            chains[c["name"]] = Chain(c["name"], (), base)
-            rules.setdefault(c["name"], [])
-        elif "rule" in item:
-            r = item["rule"]
-            if r["table"] != name or r["family"] != family:
-                continue
-            try:
-                text = rule_text(r.get("expr", []))
-            except (Unsupported, KeyError, TypeError) as exc:
-                text = f"<unparsed {exc}: {json.dumps(r.get('expr'))}>"
-            rules.setdefault(r["chain"], []).append(text)
-        elif "set" in item or "map" in item:
-            s = item.get("set") or item["map"]
-            if s["table"] != name or s["family"] != family:
-                continue
-            sets[s["name"]] = _parse_set(s, is_map="map" in item)
-    for cname, c in chains.items():
-        chains[cname] = Chain(cname, tuple(rules.get(cname, ())), c.base)
+    i, depth = 0, 0
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        if depth == 1 and line.endswith(" {"):
+            kind, _, obj = line[:-2].partition(" ")
+            body, i = _block(lines, i)
+            if kind == "chain":
+                chains[obj] = _parse_chain(obj, body)
+            elif kind in ("set", "map"):
+                sets[obj] = _parse_set(obj, body, is_map=kind == "map")
+            continue
+        depth += _braces(line)
     return Table(family, name, chains, sets)
 
 
-def _type_text(t: Any) -> str:
-    return " . ".join(t) if isinstance(t, list) else str(t)
+def _block(lines: list[str], i: int) -> tuple[list[str], int]:
+    """The lines of the block opened just before line i (stripped, the closing brace left out),
+    and the index after it."""
+    body: list[str] = []
+    depth = 1
+    while i < len(lines):
+        line = lines[i].strip()
+        i += 1
+        depth += _braces(line)
+        if depth <= 0:
+            break
+        body.append(line)
+    return body, i
 
 
-def _parse_set(s: dict[str, Any], is_map: bool) -> NftSet:
-    flags = s.get("flags", [])
-    flags = [flags] if isinstance(flags, str) else list(flags)
-    timeout = s.get("timeout")
-    if timeout is not None and "dynamic" not in flags:
-        flags = ["dynamic", *flags]  # nft 1.0.x JSON omits "dynamic"
+def _braces(line: str) -> int:
+    """Braces opened minus closed, outside quoted strings."""
+    if '"' not in line:
+        return line.count("{") - line.count("}")
+    outside = line.split('"')[::2]
+    return sum(part.count("{") - part.count("}") for part in outside)
+
+
+_HOOK = re.compile(r"type (\S+) hook (\S+) priority (.+); policy (\S+);")
+
+
+def _parse_chain(name: str, body: list[str]) -> Chain:
+    base = None
+    rules: list[str] = []
+    for line in body:
+        if not line:
+            continue
+        if not rules and base is None and line.startswith('comment "'):
+            continue  # the chain's comment (nft prints it first)
+        if not rules and base is None and line.startswith("type "):
+            m = _HOOK.fullmatch(line)
+            prio = _priority(m.group(3)) if m else None
+            base = (BaseHook(m.group(1), m.group(2), prio, m.group(4)) if m and prio is not None
+                    else BaseHook(f"<unparsed: {line}>", "", 0))
+            continue
+        rules.append(line)
+    return Chain(name, tuple(rules), base)
+
+
+# the standard priority names of the ip, ip6 and inet families
+_PRIORITIES = {"raw": -300, "mangle": -150, "dstnat": -100, "filter": 0, "security": 50, "srcnat": 100}
+_PRIORITY = re.compile(r"(-?\d+)|([a-z]+)(?: ([+-]) (\d+))?")
+
+
+def _priority(text: str) -> int | None:
+    """`-110`, `dstnat`, `filter - 10` -> the number; None when it is none of those."""
+    m = _PRIORITY.fullmatch(text)
+    if m is None:
+        return None
+    if m.group(1):
+        return int(m.group(1))
+    if m.group(2) not in _PRIORITIES:
+        return None
+    offset = int(m.group(4)) if m.group(4) else 0
+    return _PRIORITIES[m.group(2)] + (-offset if m.group(3) == "-" else offset)
+
+
+_FLAG_ORDER = {"dynamic": 0, "interval": 1, "timeout": 2}
+_ELEMENT = re.compile(r'(?P<key>.+?)(?: comment "(?P<comment>[^"]*)")?(?: : (?P<value>.+))?')
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
+
+
+def _parse_set(name: str, body: list[str], is_map: bool) -> NftSet:
+    key_type, value_type = "", None
+    flags: list[str] = []
+    timeout: int | None = None
     elements: dict[str, tuple[str | None, str | None]] = {}
-    for e in s.get("elem", []):
-        try:
-            if is_map:
-                key, comment = element(e[0])
-                elements[key] = (verdict_or_value(e[1]), comment)
-            else:
-                key, comment = element(e)
-                elements[key] = (None, comment)
-        except (Unsupported, KeyError, TypeError, IndexError) as exc:
-            elements[f"<unparsed {exc}>"] = (None, None)
-    order = {"dynamic": 0, "interval": 1, "timeout": 2}
-    return NftSet(
-        name=s["name"], key_type=_type_text(s["type"]), value_type=_type_text(s["map"]) if is_map else None,
-        flags=tuple(sorted(flags, key=lambda f: order.get(f, 9))), timeout=timeout,
-        elements={} if timeout is not None else elements,
-    )
+    i = 0
+    while i < len(body):
+        line = body[i]
+        i += 1
+        if line.startswith("type "):
+            key_type, _, value = line[5:].partition(" : ")
+            value_type = value if is_map else None
+            if not is_map and value:
+                key_type = line[5:]
+        elif line.startswith("flags "):
+            flags = line[6:].split(",")
+        elif line.startswith("timeout "):
+            timeout = _seconds(line[8:])
+        elif line.startswith("elements = {"):
+            text, depth = line[len("elements = {"):], 1 + _braces(line[len("elements = {"):])
+            while depth > 0 and i < len(body):  # wrapped over several lines
+                text += " " + body[i]
+                depth += _braces(body[i])
+                i += 1
+            for item in _split_elements(text.rstrip()[:-1]):
+                m = _ELEMENT.fullmatch(item)
+                if m is None:
+                    elements[f"<unparsed: {item}>"] = (None, None)
+                else:
+                    elements[m.group("key")] = (m.group("value") if is_map else None, m.group("comment"))
+    if timeout is not None and "dynamic" not in flags:
+        flags = ["dynamic", *flags]  # timeout implies it (older nft leave it out)
+    return NftSet(name=name, key_type=key_type, value_type=value_type,
+                  flags=tuple(sorted(flags, key=lambda f: _FLAG_ORDER.get(f, 9))), timeout=timeout,
+                  elements={} if timeout is not None else elements)
+
+
+def _seconds(text: str) -> int:
+    """nft's `10m`, `3h`, `1d2h3m4s`, `10800s` -> seconds (-1, which nothing renders, when not)."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or not any(m.groups()):
+        return -1
+    d, h, mins, secs, ms = (int(g) if g else 0 for g in m.groups())
+    return d * 86400 + h * 3600 + mins * 60 + secs + ms // 1000
+
+
+def _split_elements(text: str) -> list[str]:
+    """`a, b comment "x, y" : goto c, ...` -> its elements: commas outside quotes and braces."""
+    items: list[str] = []
+    depth, quoted, start = 0, False, 0
+    for pos, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch in "{[":
+            depth += 1
+        elif ch in "}]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:pos].strip())
+            start = pos + 1
+    last = text[start:].strip()
+    if last:
+        items.append(last)
+    return items

@@ -24,7 +24,7 @@ MASQ_BIT = 0x4000
 MARK_MASQ = "mark-for-masquerade"
 REJECT_CHAIN = "reject-chain"
 
-# Hook priorities (nft prints them as numbers in JSON): dstnat=-100, srcnat=100, filter=0.
+# Hook priorities as numbers (nft prints dstnat=-100, srcnat=100, filter=0 by name; observe maps them back).
 _BASE_CHAINS = {
     "nat-prerouting": BaseHook("nat", "prerouting", -100),
     "nat-output": BaseHook("nat", "output", -100),
