@@ -177,6 +177,12 @@ def test_shared_keys_are_one_string_each_and_the_data_is_the_same() -> None:
     assert next(iter(first)) is next(iter(second))  # "apiVersion": one string for both
 
 
+def test_shared_keys_of_a_deeply_nested_document() -> None:
+    text = "a: " + "[" * 250 + "{k: v}" + "]" * 250 + "\nb: {c: 1}\n"  # about as deep as yaml-rs goes
+    assert fastyaml._load_all_compiled(text) is not None
+    assert fastyaml.load_all(text, share_keys=True) == fastyaml.load_all(text) == reference(text)
+
+
 def test_the_daemon_keeps_its_bodies_with_shared_keys(tmp_path) -> None:
     from reconciler.sources.watch import DirectorySource
 

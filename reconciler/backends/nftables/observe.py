@@ -26,9 +26,9 @@ def each_table(look_first: bool = False) -> Iterator[Table]:
     """Our tables as they are read (several `nft list table` at once, in order).
 
     Each worker parses its table as soon as it is read, so only a few tables' text is ever in
-    memory at once. With `look_first`, the tables
-    there are listed over netlink first and only those are read: for when most are expected
-    missing (the other mode's leftovers), as it costs an import of ~0.2 s and 20 MB.
+    memory at once. With `look_first`, the tables there are listed over netlink first and only
+    those are read: for when most are expected missing (the other mode's leftovers), as it costs
+    an import of ~0.2 s and 20 MB.
     """
     def read(ref: tuple[str, str]) -> Table | None:
         text = kernel.list_table(*ref)
