@@ -332,6 +332,7 @@ def bench_resync(ns: Netns, state_dir: str, mode: str) -> dict[str, float]:
         proc = subprocess.Popen(ns.argv(run_argv(state_dir, mode, RESYNC_PERIOD)), stdout=log, stderr=log, text=True)
         try:
             wait_for_syncs(log.name, 1, timeout=600, proc=proc)  # a start reads the kernel
+            wait_for_syncs(log.name, 2, timeout=600, proc=proc)  # (and collects garbage after its log line)
             n = count_syncs(log.name)
             cpu = cpu_seconds(proc.pid)
             wait_for_syncs(log.name, n + RESYNC_SAMPLES, timeout=600, proc=proc)
@@ -489,7 +490,8 @@ def print_table(rows: list[Row]) -> None:
     print("| size | backend | run: 1 endpoint, event->kernel (kernel tool, ratio) "
           "| run: +1 service, event->kernel (kernel tool, ratio) "
           "| run cold start: start->first sync done (load + read floor, ratio) | run peak RSS: warm / cold start "
-          "| run: resync, kernel untouched (CPU) | run: resync after a foreign commit (read floor, ratio) |")
+          "| run: resync, kernel untouched (daemon CPU per sync period) "
+          "| run: resync after a foreign commit (read floor, ratio) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         run = r.figures.get("run", {})
