@@ -42,7 +42,7 @@ from .health import (
     local_addresses, node_eligible, start_metrics_server, start_proxy_health_server,
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
-from .reconcile import Planned, apply, make_plan
+from .reconcile import Planned, apply, make_plan, other_mode_leftovers
 from .sources.objects import InputError, InputErrors, SourceObject
 from .sources.watch import DirectorySource, Snapshot
 from .state import DesiredState
@@ -164,7 +164,7 @@ class SyncReport:
     removed: int = 0
     seconds: float = 0.0
     error: str | None = None
-    kernel_read: bool = False  # the kernel was read back (a full resync the generation could not vouch for)
+    kernel_read: bool = False  # the kernel was read back (the first sync; a resync the generation could not vouch for)
 
 
 class _PendingChanges:
@@ -407,7 +407,7 @@ class Daemon:
     def sync(self, kind: str) -> SyncReport:
         with gcpolicy.paused():
             report = self._sync(kind)
-        gcpolicy.after_sync(report.kernel_read)
+        gcpolicy.after_sync(report.kernel_read or not report.ok)
         return report
 
     def _sync(self, kind: str) -> SyncReport:
@@ -451,10 +451,13 @@ class Daemon:
                 read_at = check.reading()
                 planned = make_plan(self.backend, desired, describe=False)
             else:
+                leftovers = []
                 if full:
                     log.debug("full resync without reading the kernel back: the ruleset generation "
-                              "is where our own last commit left it (%s)", check.known)
-                planned = make_plan(self.backend, desired, observed_model=self.applied_model, describe=False)
+                              "is still %s, where the kernel held what we applied", check.known)
+                    leftovers = other_mode_leftovers(self.backend.mode, unseen_only=True)
+                planned = make_plan(self.backend, desired, observed_model=self.applied_model,
+                                    other_mode=bool(leftovers), leftovers=leftovers, describe=False)
             drift = self._drift(read, desired, planned)
             operations = len(planned.plan.operations)
             by_action = Counter(op.action for op in planned.plan.operations)
@@ -463,9 +466,11 @@ class Daemon:
             # objects, which the next diff recognises by identity), not a second, observed copy.
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
             if operations:
-                before = self.backend.generation()
                 after = apply(self.backend, planned, verify=read, release=True)
-                check.committed(before, planned.commits, verified=read)
+                if read:  # the verifying read found the kernel holding it
+                    check.found_in_sync(planned.verified_at)
+                else:
+                    check.committed(planned.generations)
             else:
                 after = planned.desired_model
                 if read:

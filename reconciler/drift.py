@@ -2,18 +2,19 @@
 
 Reading our tables back costs what the ruleset's size costs (10k services: ~7 s, ~10 s of CPU,
 every sync period). The nf_tables ruleset generation (backends/generation.py) moves with every
-commit anyone makes, so while it stands where our own last commit left it, the kernel still holds
-the model we applied and there is nothing to read. The generation is trusted only as far as it
-is known:
+commit that changes anything, whoever makes it, so while it stands where the kernel was last known
+to hold the model we applied, nothing has changed since and there is nothing to read. It is
+trusted only as far as it is known:
 
-* `known` is the generation at which the kernel was last known to hold the applied model: the
-  one a read started at that found it there (a commit during the read moves the generation past
-  it for good), or the one our own commits reached, when the generation moved by exactly their
-  number from one known before them (or a verifying read found their result);
-* anything else — another writer's commit, a failed sync, a backend with no generation (legacy
-  iptables) — leaves it unknown, and the next resync reads;
-* a resync reads at least every `max_age` seconds all the same, so a commit of ours the kernel
-  counted otherwise than we did cannot hide drift for longer than that.
+* `known` is a generation at which the kernel held the applied model: one a read started at and
+  found it there (a commit during the read moves the generation past it for good), or the one
+  our own commits reached, when they are the very commits that followed `known` — the backend
+  names the generations its commits produced (nftables: the kernel's answer to each
+  transaction), so a commit of anybody else's, even one landing between two of ours, shows;
+* anything else — a backend that cannot name its commits (iptables' tools do not say), a
+  transaction that changed nothing, a failed sync, no generation at all (legacy iptables) —
+  leaves it unknown, and the next resync reads;
+* a resync reads at least every `max_age` seconds all the same.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from typing import Any
 from .health import Clock
 
 KERNEL_READ_MAX_AGE = 3600.0  # seconds
-GENERATION_MASK = 0xFFFFFFFF  # the kernel's counter is 32 bits
+
+
+def next_generation(generation: int) -> int:
+    """The generation after `generation`: the kernel's counter is 32 bits and skips 0."""
+    return generation % 0xFFFFFFFF + 1
 
 
 class DriftCheck:
@@ -51,12 +56,15 @@ class DriftCheck:
         (had anything committed since read_at, the generation has moved on: no match later)."""
         self.known = read_at
 
-    def committed(self, before: int | None, commits: int, verified: bool) -> None:
-        """Our `commits` ran, the generation `before` them read just before; `verified`: a read
-        after them found the kernel holding the model they applied."""
-        after = self.backend.generation()
-        alone = before is not None and after is not None and after == (before + commits) & GENERATION_MASK
-        self.known = after if alone and (verified or before == self.known) else None
+    def committed(self, generations: list[int] | None) -> None:
+        """Our commits, unverified, produced these generations (None: not known which)."""
+        g = self.known
+        for produced in generations or ():
+            if g is None or produced != next_generation(g):
+                g = None  # somebody else's commit came first
+                break
+            g = produced
+        self.known = g if generations else None
 
     def forget(self) -> None:
         """Something failed: what the kernel holds is unknown until the next read."""

@@ -40,11 +40,11 @@ def paused() -> Iterator[None]:
 
 
 def after_sync(full: bool) -> None:
-    """Collect a sync's cyclic garbage. `full` (after a sync that read the kernel back): a full
-    collection and the survivors re-frozen; otherwise only the young generations."""
+    """Collect a sync's cyclic garbage. `full` (after a sync that read the kernel back, or
+    failed): a full collection and the survivors re-frozen; otherwise only the young generations."""
     if full:
         gc.unfreeze()
         gc.collect()
         gc.freeze()
     else:
-        gc.collect(1)  # the young generations: what this sync made; older cycles wait for the next full sync
+        gc.collect(1)  # the young generations: what this sync made; older cycles wait for a full one

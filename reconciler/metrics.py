@@ -81,8 +81,8 @@ class Metrics:
             "generation could not vouch for)", registry=r)
         self.kernel_reads_skipped = Counter(
             "reconciler_kernel_reads_skipped_total",
-            "Full resyncs that did not read the kernel back: the ruleset generation was where our "
-            "own last commit had left it", registry=r)
+            "Full resyncs that did not read the kernel back: the ruleset generation had not moved "
+            "since the kernel was known to hold what we applied", registry=r)
         self.source_errors = Counter(
             "reconciler_source_errors_total",
             "Input errors: invalid manifests/objects (reason=invalid) or source failures (reason=source)",

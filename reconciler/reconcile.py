@@ -44,7 +44,13 @@ class Planned:
     observed_model: Any  # None once apply() has verified
     other_mode_cleanup: list[Operation] = field(default_factory=list)
     described: bool = True  # plan.services filled in (see describe())
-    commits: int = 0  # nf_tables commits apply() made (see Backend.apply)
+    # what apply() learnt of the ruleset generation (see drift.py): the generations its commits
+    # produced (None: not known which), and the one its verifying read started at
+    generations: list[int] | None = field(default_factory=list)
+    verified_at: int | None = None
+
+    def committed(self, generations: list[int] | None) -> None:
+        self.generations = None if generations is None or self.generations is None else self.generations + generations
 
     def describe(self, backend: Any) -> None:
         """Fill in plan.services, the plan in service terms (once): what the service ports touched
@@ -176,14 +182,18 @@ def touched_services(ops: list[Operation]) -> set[str]:
     return {op.service for op in ops if op.service}
 
 
-def other_mode_leftovers(mode: str, look_first: bool = False) -> list[Operation]:
+def other_mode_leftovers(mode: str, look_first: bool = False, unseen_only: bool = False) -> list[Operation]:
     """Operations removing the objects of the other mode (empty when its tools are missing);
-    `look_first`: see Backend.cleanup."""
+    `look_first`: see Backend.cleanup. `unseen_only`: only where the ruleset generation does not
+    cover them (legacy iptables), for a resync that trusts the generation (see drift.py)."""
     other_mode = OTHER_MODE.get(mode)
     if other_mode is None:
         return []
     try:
-        return get_backend(other_mode).cleanup(look_first)
+        other = get_backend(other_mode)
+        if unseen_only and other.generation() is not None:
+            return []
+        return other.cleanup(look_first)
     except (KernelError, OSError) as exc:
         log.debug("cannot inspect %s objects: %s", other_mode, exc)
         return []
@@ -196,8 +206,10 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
 
     Returns the model the kernel now holds (the desired one). Verifying first drops
     planned.observed_model: two read-backs of a big ruleset need not be alive at once. With
-    verify=False (the run loop's incremental syncs, whose periodic full resync re-reads the kernel)
-    nothing is read back: the transaction is atomic, so on success the kernel holds the desired model.
+    verify=False (the run loop's syncs that did not read the kernel either: it knows what the
+    kernel held, see drift.py) nothing is read back: the transaction is atomic, so on success the
+    kernel holds the desired model. What apply learns of the ruleset generation is left in
+    planned.generations and planned.verified_at.
     release=True (the run loop, which has taken its counts): the plan is not described, its
     service changes are let go at once and its operations once applied, before the kernel is read
     back (10k services, cold start: the run process's peak 345 -> ~300 MiB).
@@ -207,7 +219,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
         planned.plan.services = []
     if own:
         if planned.described or release:
-            planned.commits += backend.apply(own)
+            planned.committed(backend.apply(own))
         else:  # describe the plan while the kernel takes the transaction (10k services, cold:
             # 0.4 s nftables, 0.7 s iptables, against seconds of `nft -f` / `iptables-restore`)
             with ThreadPoolExecutor(max_workers=1) as kernel:
@@ -215,14 +227,14 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
                 try:
                     planned.describe(backend)
                 finally:
-                    planned.commits += done.result()  # the transaction's outcome first: its error wins
+                    planned.committed(done.result())  # the transaction's outcome first: its error wins
         udp = {s for s in touched_services(own) if s.endswith("/UDP")}
         stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model, udp),
                                           backend.service_view(planned.desired_model, udp)) if udp else []
         if stale:
             log.info("clearing %d stale UDP conntrack flow filter(s)", conntrack.clear(stale))
     if planned.other_mode_cleanup:
-        planned.commits += get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup)
+        planned.committed(get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup))
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
     if release:
         planned.plan.operations = []
@@ -232,6 +244,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     if not verify:
         return planned.desired_model
     planned.observed_model = None  # not needed any more: let it go before the kernel is read again
+    planned.verified_at = backend.generation()
     remaining = backend.unconverged(planned.desired_model)
     if remaining:
         raise KernelError(f"kernel did not converge: {len(remaining)} operations still pending, first: "

@@ -51,14 +51,16 @@ class Backend(Protocol):
     def unconverged(self, desired: Any) -> list[Operation]:
         """diff(desired, observe()): what the kernel still lacks (verification after apply)."""
 
-    def apply(self, operations: list[Operation]) -> int:
+    def apply(self, operations: list[Operation]) -> list[int] | None:
         """Execute operations atomically: one `nft -f` transaction; for iptables one restore per
-        family whose tables each commit atomically. Raises on failure. Returns how many commits
-        that made in nf_tables (each bumps generation() by one; legacy iptables makes none)."""
+        family whose tables each commit atomically. Raises on failure. Returns the nf_tables
+        generations its commits produced, in order (none for a transaction that changed nothing,
+        or for legacy iptables), or None when the backend cannot tell (see drift.py)."""
 
     def generation(self) -> int | None:
-        """The kernel's ruleset generation, bumped by every commit that could change our objects
-        (see backends/generation.py); None when the kernel keeps none for them (legacy iptables)."""
+        """The kernel's ruleset generation, moved by every commit that changes anything, ours
+        included (see backends/generation.py); None when it does not cover our objects (legacy
+        iptables)."""
 
     def service_view(self, model: Any, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         """Per service port (or just those in `only`): its addresses and endpoints as a model

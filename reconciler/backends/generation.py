@@ -1,14 +1,18 @@
 """The nf_tables ruleset generation: a counter the kernel keeps per network namespace and bumps by
-one on every committed transaction, whoever commits it (nft, libnftables, iptables-nft, ...).
-Reads never bump it, nor do failed transactions.
+one on every transaction that changes anything, whoever commits it (nft, libnftables,
+iptables-nft, ...). Reads never bump it, nor do failed transactions, nor ones that change nothing
+(an `add` of what exists); after 2^32 - 1 it starts again at 1. Every commit is announced to
+listeners as an NFT_MSG_NEWGEN message: the generation it produced and the process (thread) that
+committed it.
 
-So when the generation is where our own last commit left it, nothing in nf_tables has changed
-since: the run loop's periodic drift check need not read the kernel back (10k services: ~7 s and
-~10 s of CPU every sync period, see daemon.py).
+So when the generation is where the kernel was last known to hold what we applied, nothing in
+nf_tables has changed since: the run loop's periodic drift check need not read the kernel back
+(10k services: ~7 s and ~10 s of CPU every sync period, see drift.py); and a CommitWatch around
+our own transaction tells which generation is ours.
 
-Asked with one netlink request (NFT_MSG_GETGEN) on a socket of the standard library: a few tens of
-microseconds. pyroute2 (a dependency of the one-shot commands) can send it too, but importing it
-costs the long-running process ~22 MiB and ~0.3 s.
+Over netlink sockets of the standard library: a request costs a few tens of microseconds.
+pyroute2 (a dependency of the one-shot commands) speaks it too, but importing it costs the
+long-running process ~22 MiB and ~0.3 s.
 """
 
 from __future__ import annotations
@@ -18,11 +22,15 @@ import itertools
 import os
 import socket
 import struct
+from collections.abc import Iterator
 
 NETLINK_NETFILTER = 12
+SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
+NFNLGRP_NFTABLES = 7  # the group nf_tables announces its changes to
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN, NFT_MSG_GETGEN = 15, 16
-NFTA_GEN_ID = 1
+NEWGEN = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN
+NFTA_GEN_ID, NFTA_GEN_PROC_PID = 1, 2
 NLM_F_REQUEST = 1
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flag bits
@@ -41,13 +49,9 @@ def generation(timeout: float = 1.0) -> int | None:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER) as sock:
             sock.settimeout(timeout)
             sock.send(request(seq))
-            for _ in range(8):  # the answer is the first message; bounded in case of strays
-                found = parse_reply(sock.recv(65536), seq)
-                if found is not None:
-                    return found
-    except (OSError, ValueError):
+            return parse_reply(sock.recv(65536), seq)  # a fresh socket: the answer comes first
+    except (OSError, ValueError, struct.error):
         return None
-    return None
 
 
 def request(seq: int) -> bytes:
@@ -59,30 +63,86 @@ def request(seq: int) -> bytes:
 
 def parse_reply(data: bytes, seq: int) -> int | None:
     """The generation in a netlink datagram answering request `seq`; None when it holds no
-    answer to it. OSError for a netlink error answer, ValueError for a malformed message."""
-    offset = 0
-    while offset + _HEADER.size <= len(data):
-        length, kind, _flags, msg_seq, _pid = _HEADER.unpack_from(data, offset)
-        if length < _HEADER.size or offset + length > len(data):
-            raise ValueError(f"malformed netlink message (length {length})")
-        if msg_seq == seq:
-            if kind == NLMSG_ERROR:
-                (code,) = struct.unpack_from("=i", data, offset + _HEADER.size)
-                raise OSError(-code, os.strerror(-code) if code else "netlink error")
-            if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN:
-                return _gen_id(data, offset + _HEADER.size + _NFGENMSG.size, offset + length)
-            if kind == NLMSG_DONE:
-                raise OSError(errno.ENODATA, "no generation in the answer")
-        offset += (length + 3) & ~3
+    answer to it. OSError for a netlink error answer, ValueError (or struct.error) for a
+    malformed message."""
+    for kind, msg_seq, start, end in _messages(data):
+        if msg_seq != seq:
+            continue
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", data, start)
+            raise OSError(-code, os.strerror(-code) if code else "netlink error")
+        if kind == NEWGEN:
+            return _newgen(data, start, end)[0]
+        if kind == NLMSG_DONE:
+            raise OSError(errno.ENODATA, "no generation in the answer")
     return None
 
 
-def _gen_id(data: bytes, start: int, end: int) -> int:
+def parse_announcements(data: bytes) -> list[tuple[int, int]]:
+    """(generation, committer's thread id) of each NFT_MSG_NEWGEN in a datagram of the group."""
+    return [_newgen(data, start, end) for kind, _seq, start, end in _messages(data) if kind == NEWGEN]
+
+
+class CommitWatch:
+    """While open, every nf_tables commit in this thread's network namespace, as the kernel
+    announces it: open it before a transaction, and commits() tells which generation the
+    transaction produced and whether anybody else committed meanwhile. (While anybody listens,
+    the kernel announces each object a commit changes too: keep it open for small transactions.)
+    OSError when it cannot be opened."""
+
+    def __init__(self, buffer: int = 1 << 20) -> None:
+        self._sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK, NETLINK_NETFILTER)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer)
+            self._sock.bind((0, 0))
+            self._sock.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, NFNLGRP_NFTABLES)
+        except OSError:
+            self._sock.close()
+            raise
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def commits(self) -> list[tuple[int, int]] | None:
+        """(generation, committer's thread id) of each commit announced since the watch opened,
+        in order; None when announcements were lost (the socket overflowed) or unreadable."""
+        seen: list[tuple[int, int]] = []
+        while True:
+            try:
+                data = self._sock.recv(1 << 16)
+            except BlockingIOError:
+                return seen
+            except OSError:  # ENOBUFS: some were dropped
+                return None
+            try:
+                seen += parse_announcements(data)
+            except (ValueError, struct.error):
+                return None
+
+
+def _messages(data: bytes) -> Iterator[tuple[int, int, int, int]]:
+    """(type, seq, payload start, end) of each netlink message in a datagram."""
+    offset = 0
+    while offset + _HEADER.size <= len(data):
+        length, kind, _flags, seq, _pid = _HEADER.unpack_from(data, offset)
+        if length < _HEADER.size or offset + length > len(data):
+            raise ValueError(f"malformed netlink message (length {length})")
+        yield kind, seq, offset + _HEADER.size, offset + length
+        offset += (length + 3) & ~3
+
+
+def _newgen(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """(NFTA_GEN_ID, NFTA_GEN_PROC_PID) of an NFT_MSG_NEWGEN payload (pid 0 when absent)."""
+    found: dict[int, int] = {}
+    start += _NFGENMSG.size
     while start + _ATTR.size <= end:
         length, kind = _ATTR.unpack_from(data, start)
         if length < _ATTR.size:
             break
-        if kind & NLA_TYPE_MASK == NFTA_GEN_ID and length >= _ATTR.size + 4:
-            return int(struct.unpack_from(">I", data, start + _ATTR.size)[0])
+        if kind & NLA_TYPE_MASK in (NFTA_GEN_ID, NFTA_GEN_PROC_PID) and length >= _ATTR.size + 4 \
+                and start + _ATTR.size + 4 <= end:
+            found[kind & NLA_TYPE_MASK] = int(struct.unpack_from(">I", data, start + _ATTR.size)[0])
         start += (length + 3) & ~3
-    raise ValueError("NFT_MSG_NEWGEN without NFTA_GEN_ID")
+    if NFTA_GEN_ID not in found:
+        raise ValueError("NFT_MSG_NEWGEN without NFTA_GEN_ID")
+    return found[NFTA_GEN_ID], found.get(NFTA_GEN_PROC_PID, 0)

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.e2e
 PROBE = r"""
 import json, logging, sys
 from reconciler.backends.base import KernelError
+from reconciler.backends.generation import generation
 from reconciler.backends.nftables import kernel
 from reconciler.backends.nftables.observe import parse_table
 
@@ -31,8 +32,10 @@ def rules():
     return list(parse_table(text, "ip", "sr-tx-test").chains["c"].rules) if text else None
 
 out = {"in_process": kernel._LIBNFT.available()}
-out["seconds"] = kernel.run_script("add table ip sr-tx-test\nadd chain ip sr-tx-test c\nadd rule ip sr-tx-test c counter\n")
+out["seconds"], out["generations"] = kernel.run_script(
+    "add table ip sr-tx-test\nadd chain ip sr-tx-test c\nadd rule ip sr-tx-test c counter\n")
 out["after_ok"] = len(rules())
+out["generation_after_ok"] = generation()
 out["logged_ok"] = list(logged)
 try:
     kernel.run_script("add rule ip sr-tx-test c counter\nadd rule ip sr-tx-test missing counter\n")
@@ -63,6 +66,8 @@ def test_transactions_are_atomic_on_both_paths(lab, in_process):
     assert tool_seconds(out["logged_ok"]) == pytest.approx(out["seconds"], abs=1e-4)
     assert out["logged_ok"][0].startswith("libnftables: " if in_process == "1" else "nft -f: ")
     assert tool_seconds(out["logged_failed"]) == 0
+    # in-process, the kernel names the generation it committed (nft -f is not asked: None)
+    assert out["generations"] == ([out["generation_after_ok"]] if in_process == "1" else None)
 
 
 SYNCS = r"""

@@ -27,6 +27,7 @@ from helpers import endpoint, endpoint_slice, node, service
 from reconciler.backends.base import KernelError, Operation
 from reconciler.config import Options
 from reconciler.daemon import Daemon, setup_logging
+from reconciler.drift import next_generation
 from reconciler.health import FakeClock
 from reconciler.sources import watch as watch_mod
 from reconciler.sources.objects import InputError, Location, SourceObject
@@ -59,7 +60,8 @@ def wait_until(pred: Callable[[], Any], timeout: float = 5.0, interval: float = 
 class FakeBackend:
     """A kernel model {service port id: digest}; counts kernel reads and transactions. Like
     nf_tables, it counts commits in a generation (None: a kernel that keeps none, legacy
-    iptables); tamper() is somebody else's commit."""
+    iptables), and apply() names the generations its commits produced (names_commits=False: it
+    cannot tell, as iptables-nft); tamper() is somebody else's commit."""
 
     mode = "fake"
 
@@ -69,6 +71,7 @@ class FakeBackend:
         self.applies: list[list[Operation]] = []
         self.fail: Exception | None = None
         self.gen = generation
+        self.names_commits = True
 
     def generation(self) -> int | None:
         return self.gen
@@ -99,9 +102,10 @@ class FakeBackend:
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
 
-    def apply(self, ops: list[Operation]) -> int:
+    def apply(self, ops: list[Operation]) -> list[int] | None:
         if self.fail is not None:
             raise self.fail
+        before = dict(self.kernel)
         for op in ops:
             if op.action == "-":
                 del self.kernel[op.name]
@@ -109,9 +113,11 @@ class FakeBackend:
                 self.kernel[op.name] = op.text.split()[-1]
         self.applies.append(ops)
         if self.gen is None:
-            return 0
-        self.gen += 1
-        return 1
+            return []
+        if self.kernel != before:  # a transaction that changes nothing commits nothing
+            self.gen += 1
+        produced = [self.gen] if self.kernel != before else []
+        return produced if self.names_commits else None
 
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items()}
@@ -270,7 +276,7 @@ def test_a_commit_beside_ours_makes_the_next_resync_read() -> None:
     d.step()
     real_apply = backend.apply
 
-    def with_a_foreign_commit(ops: list[Operation]) -> int:
+    def with_a_foreign_commit(ops: list[Operation]) -> list[int] | None:
         backend.tamper(lambda kernel: kernel.clear())  # lands in the same instant
         return real_apply(ops)
 
@@ -282,6 +288,62 @@ def test_a_commit_beside_ours_makes_the_next_resync_read() -> None:
     backend.apply = real_apply  # type: ignore[method-assign]
     report = resync(d, clock)
     assert report.kernel_read and report.drift == 1 and len(backend.kernel) == 2
+
+
+def test_a_transaction_that_changed_nothing_beside_a_foreign_commit_is_not_taken_for_ours() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    real_apply = backend.apply
+
+    def somebody_was_quicker(ops: list[Operation]) -> list[int] | None:
+        def their_commit(kernel: dict[str, str]) -> None:
+            kernel.update({op.name: op.text.split()[-1] for op in ops})  # our very change
+            kernel["other"] = "y"  # and more
+
+        backend.tamper(their_commit)
+        return real_apply(ops)  # ours then changes nothing: the generation moved once, not by us
+
+    backend.apply = somebody_was_quicker  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().operations == 1  # type: ignore[union-attr]
+    backend.apply = real_apply  # type: ignore[method-assign]
+    report = resync(d, clock)
+    assert report.kernel_read and report.drift == 1 and "other" not in backend.kernel
+
+
+def test_a_backend_that_cannot_name_its_commits_is_read_after_them() -> None:
+    d, backend, source, clock = make()
+    backend.names_commits = False  # iptables-nft
+    d.step()
+    assert not resync(d, clock).kernel_read  # nobody committed: still vouched for
+    source.objects = web(eps=("10.244.1.78",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().operations == 1  # type: ignore[union-attr]
+    assert resync(d, clock).kernel_read
+    assert not resync(d, clock).kernel_read
+
+
+def test_generations_wrap_around_skipping_zero() -> None:
+    assert next_generation(1) == 2 and next_generation(0xFFFFFFFE) == 0xFFFFFFFF
+    assert next_generation(0xFFFFFFFF) == 1
+    d, backend, source, clock = make(generation=0xFFFFFFFE)
+    d.step()  # the first sync's commit: 0xFFFFFFFF, then the kernel's next is 1
+    real_apply = backend.apply
+
+    def wrapping(ops: list[Operation]) -> list[int] | None:
+        produced = real_apply(ops)
+        backend.gen = 1
+        return [1] if produced else produced
+
+    backend.apply = wrapping  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.79",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().operations == 1  # type: ignore[union-attr]
+    assert d.drift_check.known == 1 and not resync(d, clock).kernel_read
 
 
 def test_an_incremental_commit_after_a_foreign_one_does_not_vouch_for_the_kernel() -> None:
@@ -314,6 +376,18 @@ def test_a_commit_during_the_read_makes_the_next_resync_read_again(in_sync: bool
     backend.observe = real_observe  # type: ignore[method-assign]
     assert resync(d, clock).kernel_read  # what came after the read is not known
     assert not resync(d, clock).kernel_read
+
+
+def test_a_resync_that_trusts_the_generation_still_asks_for_unseen_leftovers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import reconciler.daemon as daemon_mod
+
+    asked: list[tuple[str, bool]] = []
+    monkeypatch.setattr(daemon_mod, "other_mode_leftovers",
+                        lambda mode, look_first=False, unseen_only=False: asked.append((mode, unseen_only)) or [])
+    d, backend, source, clock = make()
+    d.step()
+    assert not resync(d, clock).kernel_read
+    assert asked == [("fake", True)]
 
 
 def test_the_kernel_is_read_at_least_hourly_and_after_a_failure() -> None:
@@ -432,7 +506,7 @@ def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
     real_apply = backend.apply
     calls = []
 
-    def apply_once_failing(ops: list[Operation]) -> int:
+    def apply_once_failing(ops: list[Operation]) -> list[int] | None:
         calls.append(ops)
         if len(calls) == 1:
             raise KernelError("nft: No such file or directory")

@@ -8,13 +8,28 @@ import struct
 
 import pytest
 
-from reconciler.backends.generation import parse_reply, request
+from reconciler.backends.generation import parse_announcements, parse_reply, request
 
 # NFT_MSG_NEWGEN answering seq 7: NFTA_GEN_ID 2, NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME "python"
 NEWGEN_7 = bytes.fromhex("300000000f0a0000070000001b2a00000000000208000100000000020800020000002a1b"
                          "0b000300707974686f6e0000")
 # NLMSG_ERROR -EINVAL answering seq 8 (an unknown nf_tables message type)
 EINVAL_8 = bytes.fromhex("2800000002000000080000001b2a0000eaffffff14000000630a0500080000000000000000000000")
+
+
+# recorded by a CommitWatch: the NEWGEN of a libnftables transaction (generation 2, thread 0x4ff5,
+# "python"), then that of an `nft` process's (generation 3, thread 0x4ff6, "nft")
+ANNOUNCED = [bytes.fromhex(h) for h in (
+    "300000000f0a000001000000653724890000000208000100000000020800020000004ff50b000300707974686f6e0000",
+    "2c0000000f0a000001000000f64f00000000000308000100000000030800020000004ff6080003006e667400",
+)]
+OTHER_ANNOUNCEMENT = bytes.fromhex("1c000000000a00000100000065372489020000000800010074000000")  # NEWTABLE "t"
+
+
+def test_announced_commits_name_their_generation_and_committer() -> None:
+    assert [parse_announcements(d) for d in ANNOUNCED] == [[(2, 0x4FF5)], [(3, 0x4FF6)]]
+    assert parse_announcements(OTHER_ANNOUNCEMENT) == []
+    assert parse_announcements(OTHER_ANNOUNCEMENT + ANNOUNCED[0]) == [(2, 0x4FF5)]
 
 
 def test_request_is_a_getgen_of_the_nftables_subsystem() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -134,6 +135,7 @@ FOREIGN_TABLE = """table ip reconciler-03 {
 def test_foreign_content_parses_without_crashing_and_shows_as_it_is():
     t = parse_table(FOREIGN_TABLE, "ip", "reconciler-03")
     assert set(t.chains) == {"services", "odd-hook", "empty"} and set(t.sets) == {"aff-x", "odd", "service-ips"}
+    assert t.flags == ("dormant",)
     services = t.chains["services"]
     assert services.base is not None and services.base.priority == -110 and services.base.type == "nat"
     # a rule we never render is kept as nft prints it, so it never equals a rendered one
@@ -147,6 +149,14 @@ def test_foreign_content_parses_without_crashing_and_shows_as_it_is():
     assert t.sets["service-ips"].elements == {
         "10.96.0.10 . tcp . 80": ("goto svc-default/web/http/tcp", "default/web:http/TCP"),
         "10.96.0.11 . udp . 53": ("drop", None)}
+
+
+def test_a_dormant_table_is_woken_and_nothing_else_is_touched():
+    want = render(example_state())
+    have = recorded()
+    ref = "ip reconciler"
+    have.tables[ref] = dataclasses.replace(have.tables[ref], flags=("dormant",))
+    assert [(op.action, op.text) for op in diff(want, have)] == [("~", "add table ip reconciler")]
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("10m", 600), ("3h", 10800), ("1d2h3m4s", 93784), ("10800s", 10800),
@@ -331,9 +341,10 @@ def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch
         ran.append(text)
         if len(ran) <= failing["first"]:
             raise KernelError(f"nft -f failed (nothing was changed): attempt {len(ran)}")
+        return nft_backend.kernel.Ran(0.001, [7])
 
     monkeypatch.setattr(nft_backend.kernel, "run_script", run_script)
-    b.apply(ops)
+    assert b.apply(ops) == [7]  # the generation the plain form's commit produced
     assert ran == [b.script(ops), script(ops)] and ran[0] != ran[1]
     ran.clear()
     failing["first"] = 2

@@ -40,7 +40,7 @@ class SlowKernel:
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
 
-    def apply(self, ops: list[Operation]) -> int:
+    def apply(self, ops: list[Operation]) -> list[int] | None:
         self.apply_thread = threading.get_ident()
         self.overlapped = self.describing.wait(5)
         if self.fail:
@@ -50,7 +50,10 @@ class SlowKernel:
                 self.kernel.pop(op.name, None)
             else:
                 self.kernel[op.name] = op.text.split()[-1]
-        return 1
+        return None
+
+    def generation(self) -> int | None:
+        return None
 
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         self.describing.set()
@@ -142,3 +145,23 @@ def test_the_run_loop_counts_service_changes_without_describing_them() -> None:
         reconcile.COUNT_CHUNK = old_chunk
     planned.describe(backend)
     assert Counter(s.action for s in planned.plan.services) == counts == planned.count_services(backend)
+
+
+@pytest.mark.parametrize("other_generation", [None, 7], ids=["legacy iptables", "nf_tables"])
+def test_a_trusting_resync_looks_for_leftovers_only_where_the_generation_cannot_see(monkeypatch, other_generation):
+    from reconciler import reconcile
+
+    class Other:
+        looked = 0
+
+        def generation(self):
+            return other_generation
+
+        def cleanup(self, look_first=False):
+            Other.looked += 1
+            return [Operation("-", "chain", "iptables nat RECONCILER-SERVICES", "-X RECONCILER-SERVICES")]
+
+    monkeypatch.setattr(reconcile, "get_backend", lambda mode: Other())
+    found = reconcile.other_mode_leftovers("nftables", unseen_only=True)
+    assert (len(found), Other.looked) == ((1, 1) if other_generation is None else (0, 0))
+    assert len(reconcile.other_mode_leftovers("nftables")) == 1  # a read always looks

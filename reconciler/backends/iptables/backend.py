@@ -82,15 +82,14 @@ class IptablesBackend:
     def unconverged(self, desired: IptablesModel) -> list[Operation]:
         return diff(desired, self.observe())
 
-    def apply(self, operations: list[Operation]) -> int:
+    def apply(self, operations: list[Operation]) -> list[int] | None:
         """One `<cmd>-restore --noflush` per family (iptables first), each table committed
-        atomically: in the nft flavour one nf_tables commit per table."""
+        atomically. The nft flavour commits in nf_tables, and its tools do not say which
+        generations are theirs (None); the legacy one makes no nf_tables commit ([])."""
         self.last_restore_seconds = {}
-        commits = 0
         for cmd, lines in restore_lines(operations).items():
             self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
-            commits += sum(1 for line in lines if line == "COMMIT")
-        return commits if self.flavour == "nft" else 0
+        return None if self.flavour == "nft" else []
 
     def generation(self) -> int | None:
         """nf_tables' generation in the nft flavour; the legacy one keeps none."""

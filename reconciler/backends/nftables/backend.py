@@ -55,12 +55,10 @@ class NftablesBackend:
         missing = {ref: t for ref, t in desired.tables.items() if ref not in seen}
         return ops + diff(Ruleset(missing), Ruleset())
 
-    def apply(self, operations: list[Operation]) -> int:
+    def apply(self, operations: list[Operation]) -> list[int] | None:
         light = self.script(operations)
-        if not light.strip():
-            return 0
         try:
-            kernel.run_script(light)
+            return kernel.run_script(light).generations
         except KernelError as exc:
             plain = script(operations)
             if plain == light:
@@ -68,8 +66,7 @@ class NftablesBackend:
             # the kernel refused a set as script() restated it (one made by something else, or
             # another nft version): nothing was changed, so the plain commands may try
             log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
-            kernel.run_script(plain)
-        return 1  # one transaction (a refused one commits nothing)
+            return kernel.run_script(plain).generations
 
     def generation(self) -> int | None:
         return generation()

@@ -64,6 +64,8 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
     have_sets = have.sets if have else {}
     if have is None:
         create.append(Operation("+", "table", t, f"add table {t}"))
+    elif have.flags != want.flags:  # `add table` clears them (dormant switches off every hook)
+        create.append(Operation("~", "table", t, f"add table {t}"))
 
     for name in sorted(want.sets):
         s, old = want.sets[name], have_sets.get(name)

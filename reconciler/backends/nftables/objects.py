@@ -90,6 +90,7 @@ class Table:
     name: str = TABLE
     chains: dict[str, Chain] = field(default_factory=dict)
     sets: dict[str, NftSet] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()  # as read (dormant: every hook off); we render none
 
     @property
     def ref(self) -> str:
@@ -117,7 +118,10 @@ class Table:
             if not s.dynamic:
                 sd["elements"] = [element_text(k, *s.elements[k]) for k in sorted(s.elements)]
             sets[name] = sd
-        return {"family": self.family, "name": self.name, "chains": chains, "sets": sets}
+        out: dict[str, Any] = {"family": self.family, "name": self.name, "chains": chains, "sets": sets}
+        if self.flags:
+            out["flags"] = list(self.flags)
+        return out
 
 
 @dataclass(frozen=True)

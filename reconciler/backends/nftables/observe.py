@@ -49,42 +49,42 @@ def parse_table(text: str, family: str, name: str) -> Table:
 
     Rules are kept as the lines nft prints (one rule per line, the text the renderer writes), so
     a rule nft prints otherwise than we render is a difference, never a crash: the planner
-    rewrites it. Blocks other than chains, sets and maps (flowtables, named counters, ...) and
-    lines the model has no place for (comments, set sizes, table flags) are passed over, as the
-    model does not compare them.
+    rewrites it. The table's flags are kept (the planner clears them). Blocks other than chains,
+    sets and maps (flowtables, named counters, ...) and lines the model has no place for
+    (comments, set sizes) are passed over, as the model does not compare them.
     """
-    lines = text.split("\n")
+    lines = [line.strip() for line in text.split("\n")]
     chains: dict[str, Chain] = {}
     sets: dict[str, NftSet] = {}
+    flags: tuple[str, ...] = ()
     i, depth = 0, 0
     while i < len(lines):
-        line = lines[i].strip()
+        line = lines[i]
         i += 1
         if depth == 1 and line.endswith(" {"):
             kind, _, obj = line[:-2].partition(" ")
-            body, i = _block(lines, i)
+            body, i = _until_closed(lines, i, 1)
+            body = body[:-1]  # (its closing brace)
             if kind == "chain":
                 chains[obj] = _parse_chain(obj, body)
             elif kind in ("set", "map"):
                 sets[obj] = _parse_set(obj, body, is_map=kind == "map")
             continue
+        if depth == 1 and line.startswith("flags "):
+            flags = tuple(line[6:].split(","))
         depth += _braces(line)
-    return Table(family, name, chains, sets)
+    return Table(family, name, chains, sets, flags)
 
 
-def _block(lines: list[str], i: int) -> tuple[list[str], int]:
-    """The lines of the block opened just before line i (stripped, the closing brace left out),
-    and the index after it."""
-    body: list[str] = []
-    depth = 1
-    while i < len(lines):
-        line = lines[i].strip()
+def _until_closed(lines: list[str], i: int, depth: int) -> tuple[list[str], int]:
+    """From line i, the lines through the one that closes the `depth` braces opened before it,
+    and the index after that one."""
+    taken: list[str] = []
+    while i < len(lines) and depth > 0:
+        depth += _braces(lines[i])
+        taken.append(lines[i])
         i += 1
-        depth += _braces(line)
-        if depth <= 0:
-            break
-        body.append(line)
-    return body, i
+    return taken, i
 
 
 def _braces(line: str) -> int:
@@ -158,17 +158,12 @@ def _parse_set(name: str, body: list[str], is_map: bool) -> NftSet:
         elif line.startswith("timeout "):
             timeout = _seconds(line[8:])
         elif line.startswith("elements = {"):
-            text, depth = line[len("elements = {"):], 1 + _braces(line[len("elements = {"):])
-            while depth > 0 and i < len(body):  # wrapped over several lines
-                text += " " + body[i]
-                depth += _braces(body[i])
-                i += 1
-            for item in _split_elements(text.rstrip()[:-1]):
-                m = _ELEMENT.fullmatch(item)
-                if m is None:
-                    elements[f"<unparsed: {item}>"] = (None, None)
-                else:
-                    elements[m.group("key")] = (m.group("value") if is_map else None, m.group("comment"))
+            first = line[len("elements = {"):]
+            more, i = _until_closed(body, i, 1 + _braces(first))  # wrapped over several lines
+            for item in _split_elements(" ".join([first, *more]).rstrip()[:-1]):
+                m = _ELEMENT.fullmatch(item)  # (any item matches: the key takes what is left)
+                if m:
+                    elements[m["key"]] = (m["value"] if is_map else None, m["comment"])
     if timeout is not None and "dynamic" not in flags:
         flags = ["dynamic", *flags]  # timeout implies it (older nft leave it out)
     return NftSet(name=name, key_type=key_type, value_type=value_type,
@@ -201,7 +196,5 @@ def _split_elements(text: str) -> list[str]:
         elif ch == "," and depth == 0:
             items.append(text[start:pos].strip())
             start = pos + 1
-    last = text[start:].strip()
-    if last:
-        items.append(last)
-    return items
+    items.append(text[start:].strip())
+    return [item for item in items if item]
