@@ -121,3 +121,32 @@ def test_generation_is_per_network_namespace(ns: str) -> None:
     assert shutil.which("nft")
     subprocess.run(["ip", "netns", "exec", ns, "nft", "add", "table", "ip", "t"], check=True, timeout=30)
     assert run() == before + 1
+
+
+WATCH = r"""
+import json, subprocess, threading
+from reconciler.backends.generation import CommitWatch, generation
+from reconciler.backends.nftables import kernel
+
+w = CommitWatch()
+subprocess.run(["nft", "add", "table", "ip", "before"], check=True)  # not joined yet: not heard
+assert w.join()
+child = subprocess.Popen(["nft", "add", "table", "ip", "somebody"]); child.wait()
+ran = kernel.run_script("add table ip ours\nadd chain ip ours c\n")  # (its own watch, joined meanwhile)
+heard = w.leave()
+subprocess.run(["nft", "add", "table", "ip", "after"], check=True)  # left: not heard
+assert w.join()
+print(json.dumps({"heard": heard, "child": child.pid, "me": threading.get_native_id(), "ran": ran.generations,
+                  "later": w.leave(), "now": generation()}))
+"""
+
+
+def test_a_watch_hears_whose_commit_each_generation_is(ns: str) -> None:
+    proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", WATCH], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    theirs, ours = out["heard"]
+    assert theirs[1] == out["child"] and ours == [theirs[0] + 1, out["me"]]
+    assert out["ran"] == [ours[0]]  # run_script keeps only the generation its own thread committed
+    assert out["later"] == [] and out["now"] == ours[0] + 1  # ("after" was not heard, but counted)

@@ -84,17 +84,7 @@ def run_script(script: str) -> Ran:
     start = time.monotonic()
     generations: list[int] | None = None
     if len(script) <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
-        how = "libnftables"
-        try:
-            watch: CommitWatch | None = CommitWatch()
-        except OSError:  # (the transaction runs all the same: which generation it made is unknown)
-            watch = None
-        try:
-            error = _LIBNFT.run(script)
-            seen = watch.commits() if watch else None
-        finally:
-            if watch:
-                watch.close()
+        how, (error, seen) = "libnftables", _LIBNFT.run(script)
         me = threading.get_native_id()
         generations = None if seen is None else [g for g, committer in seen if committer == me]
     else:
@@ -117,6 +107,7 @@ class _LibNftables:
         self._loaded = False
         self._ctx: int | None = None
         self._netns: int | None = None
+        self._watch: CommitWatch | None = None
 
     def available(self) -> bool:
         if not self._loaded:
@@ -141,23 +132,32 @@ class _LibNftables:
             self._lib = lib
         return self._lib is not None
 
-    def run(self, script: str) -> str | None:
-        """Run the script; the error text when it failed, else None."""
+    def run(self, script: str) -> tuple[str | None, list[tuple[int, int]] | None]:
+        """Run the script: (the error text when it failed, else None; the commits announced
+        meanwhile, see CommitWatch.leave: None when not heard)."""
         with self._lock:
             ctx = self._context()
+            watch = self._watch if self._watch is not None and self._watch.join() else None
             rc = self._lib.nft_run_cmd_from_buffer(ctx, script.encode())
+            seen = watch.leave() if watch is not None else None
             self._lib.nft_ctx_get_output_buffer(ctx)  # reading a buffer empties it
             if rc != 0:
                 err = (self._lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace").strip()
-                return err or f"libnftables returned {rc}"
+                return err or f"libnftables returned {rc}", seen
             self._lib.nft_ctx_get_error_buffer(ctx)
-            return None
+            return None, seen
 
     def _context(self) -> int:
         netns = os.stat("/proc/thread-self/ns/net").st_ino  # a context's socket stays where it was made
         if self._ctx is None or netns != self._netns:
             if self._ctx is not None:
                 self._lib.nft_ctx_free(self._ctx)
+            if self._watch is not None:
+                self._watch.close()
+            try:
+                self._watch = CommitWatch()  # (made here: it hears the commits of this namespace)
+            except OSError:
+                self._watch = None
             ctx = self._lib.nft_ctx_new(0)
             if not ctx:
                 raise KernelError("libnftables: cannot create a context")
