@@ -2,8 +2,8 @@
 one on every transaction that changes anything, whoever commits it (nft, libnftables,
 iptables-nft, ...). Reads never bump it, nor do failed transactions, nor ones that change nothing
 (an `add` of what exists); after 2^32 - 1 it starts again at 1. Every commit is announced to
-listeners as an NFT_MSG_NEWGEN message: the generation it produced and the process (thread) that
-committed it.
+listeners as an NFT_MSG_NEWGEN message: the generation it produced, from the netlink socket
+(its port id) that committed it.
 
 So when the generation is where the kernel was last known to hold what we applied, nothing in
 nf_tables has changed since: the run loop's periodic drift check need not read the kernel back
@@ -30,7 +30,7 @@ NFNLGRP_NFTABLES = 7  # the group nf_tables announces its changes to
 NFNL_SUBSYS_NFTABLES = 10
 NFT_MSG_NEWGEN, NFT_MSG_GETGEN = 15, 16
 NEWGEN = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN
-NFTA_GEN_ID, NFTA_GEN_PROC_PID = 1, 2
+NFTA_GEN_ID = 1
 NLM_F_REQUEST = 1
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flag bits
@@ -65,22 +65,41 @@ def parse_reply(data: bytes, seq: int) -> int | None:
     """The generation in a netlink datagram answering request `seq`; None when it holds no
     answer to it. OSError for a netlink error answer, ValueError (or struct.error) for a
     malformed message."""
-    for kind, msg_seq, start, end in _messages(data):
+    for kind, msg_seq, _port, start, end in _messages(data):
         if msg_seq != seq:
             continue
         if kind == NLMSG_ERROR:
             (code,) = struct.unpack_from("=i", data, start)
             raise OSError(-code, os.strerror(-code) if code else "netlink error")
         if kind == NEWGEN:
-            return _newgen(data, start, end)[0]
+            return _gen_id(data, start, end)
         if kind == NLMSG_DONE:
             raise OSError(errno.ENODATA, "no generation in the answer")
     return None
 
 
 def parse_announcements(data: bytes) -> list[tuple[int, int]]:
-    """(generation, committer's thread id) of each NFT_MSG_NEWGEN in a datagram of the group."""
-    return [_newgen(data, start, end) for kind, _seq, start, end in _messages(data) if kind == NEWGEN]
+    """(generation, committing socket's port id) of each NFT_MSG_NEWGEN in a datagram of the
+    group (the kernel puts the committer's port id in the message header)."""
+    return [(_gen_id(data, start, end), port) for kind, _seq, port, start, end in _messages(data)
+            if kind == NEWGEN]
+
+
+def own_ports() -> set[int]:
+    """The port ids of this process's nf_tables netlink sockets (libnftables' among them): a
+    commit announced from one of them is this process's. Port ids, not thread ids: the kernel
+    announces global ones, which a process in its own PID namespace (a pod) does not see."""
+    ports = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(int(fd))) as sock:  # (a copy: the socket stays open)
+                if sock.family == socket.AF_NETLINK and sock.proto == NETLINK_NETFILTER:
+                    ports.add(sock.getsockname()[0])
+        except (OSError, ValueError):
+            continue
+    return ports
 
 
 class CommitWatch:
@@ -110,8 +129,8 @@ class CommitWatch:
         return True
 
     def leave(self) -> list[tuple[int, int]] | None:
-        """(generation, committer's thread id) of each commit announced since join(), in order;
-        None when announcements were lost (the socket overflowed) or unreadable."""
+        """(generation, committing socket's port id) of each commit announced since join(), in
+        order; None when announcements were lost (the socket overflowed) or unreadable."""
         heard = self._heard()
         try:
             self._sock.setsockopt(SOL_NETLINK, NETLINK_DROP_MEMBERSHIP, NFNLGRP_NFTABLES)
@@ -139,29 +158,25 @@ class CommitWatch:
                     seen = None
 
 
-def _messages(data: bytes) -> Iterator[tuple[int, int, int, int]]:
-    """(type, seq, payload start, end) of each netlink message in a datagram."""
+def _messages(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
+    """(type, seq, port id, payload start, end) of each netlink message in a datagram."""
     offset = 0
     while offset + _HEADER.size <= len(data):
-        length, kind, _flags, seq, _pid = _HEADER.unpack_from(data, offset)
+        length, kind, _flags, seq, port = _HEADER.unpack_from(data, offset)
         if length < _HEADER.size or offset + length > len(data):
             raise ValueError(f"malformed netlink message (length {length})")
-        yield kind, seq, offset + _HEADER.size, offset + length
+        yield kind, seq, port, offset + _HEADER.size, offset + length
         offset += (length + 3) & ~3
 
 
-def _newgen(data: bytes, start: int, end: int) -> tuple[int, int]:
-    """(NFTA_GEN_ID, NFTA_GEN_PROC_PID) of an NFT_MSG_NEWGEN payload (pid 0 when absent)."""
-    found: dict[int, int] = {}
+def _gen_id(data: bytes, start: int, end: int) -> int:
+    """NFTA_GEN_ID of an NFT_MSG_NEWGEN payload."""
     start += _NFGENMSG.size
     while start + _ATTR.size <= end:
         length, kind = _ATTR.unpack_from(data, start)
         if length < _ATTR.size:
             break
-        if kind & NLA_TYPE_MASK in (NFTA_GEN_ID, NFTA_GEN_PROC_PID) and length >= _ATTR.size + 4 \
-                and start + _ATTR.size + 4 <= end:
-            found[kind & NLA_TYPE_MASK] = int(struct.unpack_from(">I", data, start + _ATTR.size)[0])
+        if kind & NLA_TYPE_MASK == NFTA_GEN_ID and length >= _ATTR.size + 4 and start + _ATTR.size + 4 <= end:
+            return int(struct.unpack_from(">I", data, start + _ATTR.size)[0])
         start += (length + 3) & ~3
-    if NFTA_GEN_ID not in found:
-        raise ValueError("NFT_MSG_NEWGEN without NFTA_GEN_ID")
-    return found[NFTA_GEN_ID], found.get(NFTA_GEN_PROC_PID, 0)
+    raise ValueError("NFT_MSG_NEWGEN without NFTA_GEN_ID")

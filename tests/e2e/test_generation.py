@@ -124,8 +124,8 @@ def test_generation_is_per_network_namespace(ns: str) -> None:
 
 
 WATCH = r"""
-import json, subprocess, threading
-from reconciler.backends.generation import CommitWatch, generation
+import json, subprocess
+from reconciler.backends.generation import CommitWatch, generation, own_ports
 from reconciler.backends.nftables import kernel
 
 w = CommitWatch()
@@ -136,17 +136,21 @@ ran = kernel.run_script("add table ip ours\nadd chain ip ours c\n")  # (its own 
 heard = w.leave()
 subprocess.run(["nft", "add", "table", "ip", "after"], check=True)  # left: not heard
 assert w.join()
-print(json.dumps({"heard": heard, "child": child.pid, "me": threading.get_native_id(), "ran": ran.generations,
-                  "later": w.leave(), "now": generation()}))
+print(json.dumps({"heard": heard, "mine": sorted(own_ports()), "ran": ran.generations, "later": w.leave(),
+                  "now": generation()}))
 """
 
 
-def test_a_watch_hears_whose_commit_each_generation_is(ns: str) -> None:
-    proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", WATCH], capture_output=True, text=True,
-                          timeout=60, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+@pytest.mark.parametrize("pid_namespace", [False, True], ids=["host pids", "own pid namespace, as in a pod"])
+def test_a_watch_hears_whose_commit_each_generation_is(ns: str, pid_namespace: bool) -> None:
+    if pid_namespace and shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux)")
+    inner = ["unshare", "--pid", "--fork", "--mount-proc"] if pid_namespace else []
+    proc = subprocess.run(["ip", "netns", "exec", ns, *inner, sys.executable, "-c", WATCH], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     theirs, ours = out["heard"]
-    assert theirs[1] == out["child"] and ours == [theirs[0] + 1, out["me"]]
-    assert out["ran"] == [ours[0]]  # run_script keeps only the generation its own thread committed
+    assert ours[0] == theirs[0] + 1 and ours[1] in out["mine"] and theirs[1] not in out["mine"]
+    assert out["ran"] == [ours[0]]  # run_script keeps only the generation its own socket committed
     assert out["later"] == [] and out["now"] == ours[0] + 1  # ("after" was not heard, but counted)

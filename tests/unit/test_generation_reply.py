@@ -17,8 +17,9 @@ NEWGEN_7 = bytes.fromhex("300000000f0a0000070000001b2a00000000000208000100000000
 EINVAL_8 = bytes.fromhex("2800000002000000080000001b2a0000eaffffff14000000630a0500080000000000000000000000")
 
 
-# recorded by a CommitWatch: the NEWGEN of a libnftables transaction (generation 2, thread 0x4ff5,
-# "python"), then that of an `nft` process's (generation 3, thread 0x4ff6, "nft")
+# recorded by a CommitWatch: the NEWGEN of a libnftables transaction (generation 2, from port id
+# 0x89243765; thread 0x4ff5, "python"), then an `nft` process's (generation 3, port id and thread
+# 0x4ff6, "nft")
 ANNOUNCED = [bytes.fromhex(h) for h in (
     "300000000f0a000001000000653724890000000208000100000000020800020000004ff50b000300707974686f6e0000",
     "2c0000000f0a000001000000f64f00000000000308000100000000030800020000004ff6080003006e667400",
@@ -26,10 +27,10 @@ ANNOUNCED = [bytes.fromhex(h) for h in (
 OTHER_ANNOUNCEMENT = bytes.fromhex("1c000000000a00000100000065372489020000000800010074000000")  # NEWTABLE "t"
 
 
-def test_announced_commits_name_their_generation_and_committer() -> None:
-    assert [parse_announcements(d) for d in ANNOUNCED] == [[(2, 0x4FF5)], [(3, 0x4FF6)]]
+def test_announced_commits_name_their_generation_and_committing_socket() -> None:
+    assert [parse_announcements(d) for d in ANNOUNCED] == [[(2, 0x89243765)], [(3, 0x4FF6)]]
     assert parse_announcements(OTHER_ANNOUNCEMENT) == []
-    assert parse_announcements(OTHER_ANNOUNCEMENT + ANNOUNCED[0]) == [(2, 0x4FF5)]
+    assert parse_announcements(OTHER_ANNOUNCEMENT + ANNOUNCED[0]) == [(2, 0x89243765)]
 
 
 def test_request_is_a_getgen_of_the_nftables_subsystem() -> None:

@@ -19,7 +19,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..base import KernelError, run_tool
-from ..generation import CommitWatch
+from ..generation import CommitWatch, own_ports
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +78,16 @@ class Ran(NamedTuple):
 
 def run_script(script: str) -> Ran:
     """Run `script` as one atomic transaction, all or nothing (`nft -f` semantics). In process,
-    its commit is told from anybody else's by the thread that made it."""
+    its commit is told from anybody else's by the socket that made it (see CommitWatch)."""
     if not script.strip():
         return Ran(0.0, [])
     start = time.monotonic()
     generations: list[int] | None = None
     if len(script) <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
         how, (error, seen) = "libnftables", _LIBNFT.run(script)
-        me = threading.get_native_id()
-        generations = None if seen is None else [g for g, committer in seen if committer == me]
+        if seen is not None:
+            ours = own_ports()
+            generations = [g for g, port in seen if port in ours]
     else:
         proc = run_tool([nft_binary(), "-f", "-"], script)
         how, error = "nft -f", proc.stderr.strip() if proc.returncode != 0 else None
