@@ -48,6 +48,13 @@ def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, 
         p.add_argument("-o", "--output", choices=output, default=output[0], help=f"output format (default {output[0]})")
 
 
+def _verified(planned: Any) -> str:
+    if planned.verified_by == "generation":
+        what = "nothing" if planned.plan.empty else "nothing but this transaction"
+        return f"Verified by the ruleset generation: {what} has changed the kernel since it was read."
+    return "Verified by reading the kernel back."
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors exit 1: exit code 2 is reserved for `plan`'s "changes pending"."""
 
@@ -69,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, output=("text", "json"))
     p = sub.add_parser("apply", help="make the kernel match the desired state, atomically, then verify")
     _common(p, output=("text", "json"))
+    p.add_argument("--read-back", action="store_true",
+                   help="verify by reading the kernel back even when the ruleset generation shows that "
+                        "our transaction was the only change since the kernel was read")
     p = sub.add_parser("observe", help="print what the kernel holds now (our objects only), in our model")
     _common(p, source=False, output=("yaml", "json"))
     p = sub.add_parser("cleanup", help="remove every kernel object this tool owns (both modes unless --mode), "
@@ -179,12 +189,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(planned.plan.to_json() if args.output == "json" else planned.plan.to_text())
         return EXIT_OK if planned.plan.empty else EXIT_CHANGES
     if args.command == "apply":
-        apply(backend, planned)
+        apply(backend, planned, read_back=args.read_back)
         if args.output == "json":
             print(planned.plan.to_json())
         else:
             print(planned.plan.to_text())
-            print("Applied." if not planned.plan.empty else "Nothing to do.")
+            print(("Applied." if not planned.plan.empty else "Nothing to do.") + " " + _verified(planned))
         return EXIT_OK
     raise AssertionError(args.command)
 

@@ -22,14 +22,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .backends.generation import follows
 from .health import Clock
 
 KERNEL_READ_MAX_AGE = 3600.0  # seconds
-
-
-def next_generation(generation: int) -> int:
-    """The generation after `generation`: the kernel's counter is 32 bits and skips 0."""
-    return generation % 0xFFFFFFFF + 1
 
 
 class DriftCheck:
@@ -58,13 +54,7 @@ class DriftCheck:
 
     def committed(self, generations: list[int] | None) -> None:
         """Our commits, unverified, produced these generations (None: not known which)."""
-        g = self.known
-        for produced in generations or ():
-            if g is None or produced != next_generation(g):
-                g = None  # somebody else's commit came first
-                break
-            g = produced
-        self.known = g if generations else None
+        self.known = follows(self.known, generations) if generations else None
 
     def forget(self) -> None:
         """Something failed: what the kernel holds is unknown until the next read."""

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from . import conntrack
 from .backends import get_backend
 from .backends.base import KernelError, Operation
+from .backends.generation import follows
 from .config import Options
 from .desired import build_desired_state
 from .plan import Plan, service_change_counts, service_changes
@@ -44,10 +45,15 @@ class Planned:
     observed_model: Any  # None once apply() has verified
     other_mode_cleanup: list[Operation] = field(default_factory=list)
     described: bool = True  # plan.services filled in (see describe())
-    # what apply() learnt of the ruleset generation (see drift.py): the generations its commits
-    # produced (None: not known which), and the one its verifying read started at
+    # the ruleset generation (see backends/generation.py) before observed_model was read (None:
+    # not known, or the model is not a fresh read)
+    observed_at: int | None = None
+    # what apply() learnt of it: the generations its commits produced (None: not known which),
+    # the one at which it verified the kernel, and how ("generation": its commits were all that
+    # changed since observed_at; "read": read back)
     generations: list[int] | None = field(default_factory=list)
     verified_at: int | None = None
+    verified_by: str | None = None
 
     def committed(self, generations: list[int] | None) -> None:
         self.generations = None if generations is None or self.generations is None else self.generations + generations
@@ -97,9 +103,10 @@ COUNT_CHUNK = 2000  # service ports whose views count_services() holds at once
 
 def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
               other_mode: bool | None = None, want: Any = None,
-              leftovers: list[Operation] | None = None, describe: bool = True) -> Planned:
+              leftovers: list[Operation] | None = None, describe: bool = True,
+              observed_at: int | None = None) -> Planned:
     """Diff the rendered desired model (`want`: rendered now unless given) against the kernel
-    (observed now unless given).
+    (observed now unless given; `observed_at`: the generation before a given model was read).
 
     A full plan (by default when the kernel is observed here) also removes what the other mode
     left behind (`leftovers`: found already), so switching `--mode` leaves only one mode's objects.
@@ -108,13 +115,17 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
     """
     if want is None:
         want = backend.render(desired)
-    have = backend.observe() if observed_model is None else observed_model
+    if observed_model is None:
+        observed_at = backend.generation()
+        have = backend.observe()
+    else:
+        have = observed_model
     ops: list[Operation] = backend.diff(want, have)
     other: list[Operation] = []
     if other_mode if other_mode is not None else observed_model is None:
         other = other_mode_leftovers(backend.mode) if leftovers is None else leftovers
     planned = Planned(Plan(backend.mode, desired.node.name, operations=ops + other), want, have, other,
-                      described=False)
+                      described=False, observed_at=observed_at)
     if describe:
         planned.describe(backend)
     return planned
@@ -130,6 +141,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
     process that already has threads) a thread reads. A thread looks for the other mode's
     leftovers meanwhile, listing what is there first (see Backend.cleanup).
     """
+    observed_at = backend.generation()
     with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
         other = side.submit(other_mode_leftovers, backend.mode, True)
         try:
@@ -145,7 +157,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
             log.warning("reading the kernel in a child process failed (%s); reading it here", exc)
             observed_model = backend.observe()
         return make_plan(backend, desired, observed_model, other_mode=True, want=want, leftovers=other.result(),
-                         describe=describe)
+                         describe=describe, observed_at=observed_at)
 
 
 def _observe(backend: Any) -> Any:
@@ -199,22 +211,29 @@ def other_mode_leftovers(mode: str, look_first: bool = False, unseen_only: bool 
         return []
 
 
-def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = False) -> Any:
+def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = False,
+          read_back: bool = False) -> Any:
     """Run the plan atomically (describing it in service terms meanwhile, if not done yet), clear
-    stale UDP conntrack entries, remove the other mode's leftovers, then verify: re-observed, the
-    kernel must need no change.
+    stale UDP conntrack entries, remove the other mode's leftovers, then verify that the kernel
+    holds the desired model.
 
-    Returns the model the kernel now holds (the desired one). Verifying first drops
-    planned.observed_model: two read-backs of a big ruleset need not be alive at once. With
-    verify=False (the run loop's syncs that did not read the kernel either: it knows what the
-    kernel held, see drift.py) nothing is read back: the transaction is atomic, so on success the
-    kernel holds the desired model. What apply learns of the ruleset generation is left in
-    planned.generations and planned.verified_at.
+    The generation verifies it when it can: the plan took the kernel as read at
+    planned.observed_at to the desired model, and when our commits were the very ones that
+    followed that read and nothing has committed since, the kernel holds exactly what the read
+    found changed by our transaction (atomic: all of it), so reading it back would find nothing
+    to do (10k services: ~3-7 s spared). Otherwise (or `read_back`) it is re-observed and must need
+    no change; that first drops planned.observed_model: two read-backs of a big ruleset need not
+    be alive at once. With verify=False (the run loop's syncs that did not read the kernel
+    either: it knows what the kernel held, see drift.py) nothing is verified.
+
+    Returns the model the kernel now holds (the desired one). What apply learns of the ruleset
+    generation is left in planned.generations, planned.verified_at and planned.verified_by.
     release=True (the run loop, which has taken its counts): the plan is not described, its
     service changes are let go at once and its operations once applied, before the kernel is read
     back (10k services, cold start: the run process's peak 345 -> ~300 MiB).
     """
     own = planned.own_operations
+    committing = bool(own or planned.other_mode_cleanup)
     if release:
         planned.plan.services = []
     if own:
@@ -243,10 +262,26 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
         planned.describe(backend)  # (when nothing of ours was applied)
     if not verify:
         return planned.desired_model
+    now = backend.generation()
+    if not read_back and now is not None and _proven(planned, committing) == now:
+        planned.verified_at, planned.verified_by = now, "generation"
+        log.debug("verified by the ruleset generation: %s, reached from the read at %s by our commits %s alone",
+                  now, planned.observed_at, planned.generations)
+        return planned.desired_model
     planned.observed_model = None  # not needed any more: let it go before the kernel is read again
-    planned.verified_at = backend.generation()
+    planned.verified_at, planned.verified_by = now, "read"
     remaining = backend.unconverged(planned.desired_model)
     if remaining:
         raise KernelError(f"kernel did not converge: {len(remaining)} operations still pending, first: "
                           f"{remaining[0].text}")
     return planned.desired_model  # equal to what was read back; one copy in memory is enough
+
+
+def _proven(planned: Planned, committed: bool) -> int | None:
+    """The generation at which the kernel must hold the desired model, by the generations alone:
+    reached from the read the plan was made against through our commits only. None when they
+    cannot vouch for it: a transaction that committed nothing (the kernel already had what the
+    plan added: somebody else got there first), or one whose commits are not known."""
+    if committed and not planned.generations:
+        return None
+    return follows(planned.observed_at, planned.generations)

@@ -41,6 +41,25 @@ _ATTR = struct.Struct("=HH")  # struct nlattr: len, type
 _seq = itertools.count(1)
 
 
+def next_generation(generation: int) -> int:
+    """The generation after `generation`: the kernel's counter is 32 bits and skips 0."""
+    return generation % 0xFFFFFFFF + 1
+
+
+def follows(start: int | None, produced: list[int] | None) -> int | None:
+    """The generation reached when the commits that produced `produced` were, in order, the very
+    commits that followed `start` (nobody else's among or before them); None when not so, or
+    not known (`start` or `produced` None)."""
+    if start is None or produced is None:
+        return None
+    g = start
+    for p in produced:
+        if p != next_generation(g):
+            return None
+        g = p
+    return g
+
+
 def generation(timeout: float = 1.0) -> int | None:
     """The current nf_tables ruleset generation of this thread's network namespace, or None when
     the kernel cannot be asked (no netlink, nf_tables unavailable)."""

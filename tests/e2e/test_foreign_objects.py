@@ -53,7 +53,11 @@ def test_apply_and_cleanup_leave_foreign_objects(lab, tmp_path):
         src = str(tmp_path / "state")
         write_state(src, [svc("web", ["10.96.0.10"], [{"name": "http", "port": 80, "protocol": "TCP"}]),
                           eps("web", ["pod1"])])
-        reconciler(lab, "apply", *common_flags(src))
+        applied = reconciler(lab, "apply", *common_flags(src))
+        # nobody else committed between apply's read and its transaction: no read-back needed
+        assert "Applied. Verified by the ruleset generation" in applied.stdout
+        again = reconciler(lab, "apply", *common_flags(src), "--read-back")  # asked for all the same
+        assert "Nothing to do. Verified by reading the kernel back." in again.stdout
         assert foreign_listing(lab) == before
         tables = lab.exec("node", ["nft", "list", "tables"]).stdout
         assert "table ip reconciler\n" in tables and re.search(r"table ip reconciler-\d\d\n", tables)

@@ -1,9 +1,11 @@
 """The nf_tables ruleset generation on a real kernel, in a throwaway namespace: reads leave it,
 every commit that changes something (ours or anybody's) moves it by one, a refused transaction
 or one that changes nothing does not; and what each backend's apply() says of its commits is
-what the kernel did (the run loop's drift check relies on it, see reconciler/drift.py):
-nftables names the generation each of its transactions produced, iptables in the nft flavour
-cannot tell (its tools do not say), the legacy flavour makes no nf_tables commit."""
+what the kernel did (the run loop's drift check and apply's verification rely on it, see
+reconciler/drift.py and reconcile.apply): nftables names the generation each of its
+transactions produced (in process and through `nft -f`), iptables in the nft flavour the ones
+its restores made (one per table), the legacy flavour makes no nf_tables commit; and a commit
+of anybody else's beside ours leaves ours unnamed (None)."""
 
 from __future__ import annotations
 
@@ -60,6 +62,17 @@ step("cold apply", backend.diff(backend.render(load_desired(state, opts)), backe
 step("two services removed", backend.diff(backend.render(load_desired(smaller, opts)), backend.observe()))
 if mode == "nftables":  # an `add` of what exists changes nothing: no commit, no generation
     step("no change", [Operation("+", "table", "ip reconciler", "add table ip reconciler")])
+real_run_tool = kernel.run_tool
+def with_a_foreign_commit(argv, stdin=None):  # somebody commits just before our tool does
+    subprocess.run(["nft", "add", "table", "ip", f"beside-{len(steps)}"], check=True)
+    return real_run_tool(argv, stdin)
+real_lib_run = nftables_kernel._LIBNFT.run
+def lib_with_a_foreign_commit(script):
+    subprocess.run(["nft", "add", "table", "ip", f"beside-{len(steps)}"], check=True)
+    return real_lib_run(script)
+kernel.run_tool, nftables_kernel._LIBNFT.run = with_a_foreign_commit, lib_with_a_foreign_commit
+step("beside a foreign commit", backend.diff(backend.render(load_desired(state, opts)), backend.observe()))
+kernel.run_tool, nftables_kernel._LIBNFT.run = real_run_tool, real_lib_run
 step("cleanup", backend.cleanup())
 refused_at = generation()
 try:
@@ -77,7 +90,7 @@ print(json.dumps({"start": start, "reads_moved": reads_moved, "steps": steps, "r
                   "refused_moved": refused_moved, "foreign_moved": generation() - refused_at}))
 """
 
-CASES = [("nftables", "-"), ("iptables", "nft"), ("iptables", "legacy")]
+CASES = [("nftables", "in process"), ("nftables", "nft -f"), ("iptables", "nft"), ("iptables", "legacy")]
 
 
 @pytest.fixture
@@ -91,22 +104,37 @@ def ns() -> Iterator[str]:
 
 @pytest.mark.parametrize(("mode", "flavour"), CASES, ids=[f"{m}-{f}" for m, f in CASES])
 def test_apply_reports_the_commits_the_kernel_made(ns: str, mode: str, flavour: str) -> None:
+    in_process = "0" if flavour == "nft -f" else "1"
     proc = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, mode, flavour,
                            str(REPO / "state")], capture_output=True, text=True, timeout=120, check=False,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "RECONCILER_NFT_IN_PROCESS": in_process})
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["start"] >= 1 and out["reads_moved"] == 0
     steps = {s["step"]: s for s in out["steps"]}
     assert all(s["ops"] > 0 for s in steps.values()), steps
+    beside = steps.pop("beside a foreign commit")
+    named = lambda s: list(range(s["after"] - s["moved"] + 1, s["after"] + 1))  # noqa: E731
     if flavour == "legacy":
         assert all(s["moved"] == 0 and s["produced"] == [] and s["backend_generation"] is None
                    for s in steps.values())
-    elif mode == "nftables":  # one transaction each, and it names the generation it produced
+        assert beside["produced"] == []
+    elif flavour == "in process":  # its own commit is told from the other one by its socket
+        assert beside["moved"] == 2 and beside["produced"] == [beside["after"]]
+    else:  # two commits where one was expected: which one is ours, nobody can tell
+        assert beside["produced"] is None and beside["moved"] >= 2
+    if mode == "nftables":  # one transaction each, and it names the generation it produced
         assert [s["moved"] for s in steps.values()] == [1, 1, 0, 1]
-        assert [s["produced"] for s in steps.values()] == [[s["after"]] if s["moved"] else [] for s in steps.values()]
-    else:  # one commit per table, both families (nat + filter each); which ones, it cannot tell
-        assert steps["cold apply"]["moved"] == 4 and all(s["produced"] is None for s in steps.values())
+        assert [s["produced"] for s in steps.values()] == [
+            named(s) if s["moved"] else [] if flavour == "in process" else None  # (nft -f: an `add`
+            for s in steps.values()]                                             # might commit nothing)
+    elif flavour == "nft":  # one commit per table, both families (nat + filter each), all named
+        assert steps["cold apply"]["moved"] == 4
+        assert steps["cold apply"]["produced"] == named(steps["cold apply"])
+        assert steps["cleanup"]["produced"] == named(steps["cleanup"])
+        # the filter table's part only empties a chain (the firewall of a service gone): emptying
+        # an empty chain commits nothing, so a commit beside it would be taken for it: not named
+        assert steps["two services removed"]["produced"] is None
     if flavour != "legacy":
         assert all(s["backend_generation"] == s["after"] for s in steps.values())
     assert out["refused"] and out["refused_moved"] == 0 and out["foreign_moved"] == 1

@@ -27,7 +27,7 @@ from helpers import endpoint, endpoint_slice, node, service
 from reconciler.backends.base import KernelError, Operation
 from reconciler.config import Options
 from reconciler.daemon import Daemon, setup_logging
-from reconciler.drift import next_generation
+from reconciler.backends.generation import next_generation
 from reconciler.health import FakeClock
 from reconciler.sources import watch as watch_mod
 from reconciler.sources.objects import InputError, Location, SourceObject
@@ -176,6 +176,16 @@ def test_first_sync_is_full_then_nothing_until_something_happens() -> None:
     assert kind is None and wait == pytest.approx(SYNC, abs=1e-3)
     clock.advance(SYNC - 0.01)
     assert d.step() is None
+
+
+@pytest.mark.parametrize("generation", [1, None], ids=["generation", "no generation"])
+def test_the_first_sync_reads_back_only_when_the_generation_cannot_vouch(generation: int | None) -> None:
+    d, backend, source, clock = make(generation=generation)
+    assert d.step().kernel_read  # type: ignore[union-attr]
+    # read before planning; the commit that followed it alone: no read-back (else one)
+    assert backend.observes == (1 if generation else 2)
+    assert d.drift_check.known == (2 if generation else None)
+    assert not resync(d, clock).kernel_read if generation else resync(d, clock).kernel_read
 
 
 def test_events_within_min_sync_period_coalesce_into_one_sync() -> None:

@@ -198,6 +198,9 @@ class DyingChildBackend:
             os.kill(os.getpid(), signal.SIGKILL)  # the forked reader dies
         return {"read": "in the parent"}
 
+    def generation(self) -> None:
+        return None
+
     def render(self, desired) -> dict:
         return {}
 

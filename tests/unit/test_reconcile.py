@@ -4,6 +4,7 @@ takes the transaction, and kernel tools fed their input from a file in memory.""
 from __future__ import annotations
 
 import threading
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -165,3 +166,70 @@ def test_a_trusting_resync_looks_for_leftovers_only_where_the_generation_cannot_
     found = reconcile.other_mode_leftovers("nftables", unseen_only=True)
     assert (len(found), Other.looked) == ((1, 1) if other_generation is None else (0, 0))
     assert len(reconcile.other_mode_leftovers("nftables")) == 1  # a read always looks
+
+
+class CountingKernel(SlowKernel):
+    """SlowKernel with an nf_tables-like generation: each commit that changes something moves it
+    by one and is named by apply(); `beside` is somebody else's commit landing just before ours."""
+
+    def __init__(self, generation: int | None = 7) -> None:
+        super().__init__()
+        self.describing.set()  # (no waiting for the description)
+        self.gen = generation
+        self.reads = 0
+        self.beside: dict[str, str] | None = None
+
+    def generation(self) -> int | None:
+        return self.gen
+
+    def unconverged(self, want: dict[str, str]) -> list[Operation]:
+        self.reads += 1
+        return super().unconverged(want)
+
+    def apply(self, ops: list[Operation]) -> list[int] | None:
+        if self.beside is not None:
+            self.kernel.update(self.beside)
+            self.gen = None if self.gen is None else self.gen + 1
+        before = dict(self.kernel)
+        super().apply(ops)
+        if self.gen is None:
+            return None
+        if self.kernel == before:
+            return []
+        self.gen += 1
+        return [self.gen]
+
+
+def test_apply_is_verified_by_the_generation_when_only_its_own_commit_moved_it() -> None:
+    backend = CountingKernel()
+    planned = make_plan(backend, desired())
+    assert planned.observed_at == 7 and planned.plan.operations
+    assert apply(backend, planned) == backend.kernel
+    assert backend.reads == 0 and planned.verified_by == "generation" and planned.verified_at == 8
+    again = make_plan(backend, desired())  # nothing to do, and nobody committed since the read
+    apply(backend, again)
+    assert not again.plan.operations and backend.reads == 0 and again.verified_by == "generation"
+    backend.gen += 1  # somebody committed after that read: the kernel is read back
+    apply(backend, again)
+    assert backend.reads == 1 and again.verified_by == "read" and again.verified_at == 9
+
+
+@pytest.mark.parametrize("case", ["foreign commit", "ours changed nothing", "no generation", "read back asked"])
+def test_apply_reads_the_kernel_back_when_the_generation_cannot_vouch(case: str) -> None:
+    backend = CountingKernel(generation=None if case == "no generation" else 7)
+    planned = make_plan(backend, desired())
+    if case == "foreign commit":  # something unrelated, but it might have been anything
+        backend.beside = {"other": "x"}
+    if case == "ours changed nothing":  # somebody else was quicker with our very change
+        backend.beside = {op.name: op.text.split()[-1] for op in planned.plan.operations}
+    with pytest.raises(KernelError, match="did not converge") if case == "foreign commit" else nullcontext():
+        apply(backend, planned, read_back=case == "read back asked")
+    assert backend.reads == 1 and planned.verified_by == "read"
+
+
+def test_a_plan_made_against_a_given_model_is_not_vouched_for() -> None:
+    backend = CountingKernel()
+    planned = make_plan(backend, desired(), observed_model={})  # (not read now: no generation known)
+    assert planned.observed_at is None
+    apply(backend, planned)
+    assert backend.reads == 1 and planned.verified_by == "read"

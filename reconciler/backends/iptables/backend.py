@@ -13,7 +13,7 @@ from typing import Any
 
 from ...state import DesiredState
 from ..base import Operation
-from ..generation import generation
+from ..generation import generation, next_generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
 from .observed import canonical_texts, read_our_tables
@@ -84,12 +84,20 @@ class IptablesBackend:
 
     def apply(self, operations: list[Operation]) -> list[int] | None:
         """One `<cmd>-restore --noflush` per family (iptables first), each table committed
-        atomically. The nft flavour commits in nf_tables, and its tools do not say which
-        generations are theirs (None); the legacy one makes no nf_tables commit ([])."""
+        atomically; the generations its commits produced. The legacy flavour makes no nf_tables
+        commit ([]). The nft flavour's tools do not say which commits are theirs: a run's are the
+        generations between the one before it and the one after it when they are as many as the
+        commits it is certain to make (see expected_commits), else not known (None)."""
         self.last_restore_seconds = {}
+        produced: list[int] | None = []
         for cmd, lines in restore_lines(operations).items():
+            expected = expected_commits(lines) if self.flavour == "nft" else None
+            before = generation() if expected else None
             self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
-        return None if self.flavour == "nft" else []
+            if self.flavour == "nft":
+                ours = _commits_between(before, generation() if before is not None else None, expected)
+                produced = None if produced is None or ours is None else produced + ours
+        return produced
 
     def generation(self) -> int | None:
         """nf_tables' generation in the nft flavour; the legacy one keeps none."""
@@ -179,3 +187,37 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                     entry(sid)["endpoints"].add(ep)
     return {k: {"addresses": sorted(v["addresses"]), "endpoints": sorted(v["endpoints"])}
             for k, v in sorted(view.items())}
+
+
+# restore lines that change the table whenever its commit succeeds: a rule appended or inserted
+# is always a new one; deleting, replacing or creating what is not there (is there) fails it
+_ALWAYS_CHANGES = ("-A ", "-I ", "-D ", "-R ", "-X ", "-N ")
+
+
+def expected_commits(lines: list[str]) -> int | None:
+    """How many nf_tables commits a successful `restore` of `lines` makes (iptables-nft: one
+    per table, at its COMMIT line), when every table's part is certain to change something;
+    None when one might change nothing (then it might commit nothing)."""
+    commits, certain = 0, False
+    for line in lines:
+        if line.startswith("*"):
+            certain = False
+        elif line == "COMMIT":
+            if not certain:
+                return None
+            commits += 1
+        elif line.startswith(_ALWAYS_CHANGES):
+            certain = True
+    return commits
+
+
+def _commits_between(before: int | None, after: int | None, expected: int | None) -> list[int] | None:
+    """The generations `expected` commits made from `before`, when they lead exactly to `after`
+    (a commit of anybody else's beside them would have moved it further); else None."""
+    if before is None or after is None or not expected:
+        return None
+    produced = [before]
+    for _ in range(expected):
+        produced.append(next_generation(produced[-1]))
+    return produced[1:] if produced[-1] == after else None
+

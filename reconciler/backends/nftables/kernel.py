@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -19,7 +20,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..base import KernelError, run_tool
-from ..generation import CommitWatch, own_ports
+from ..generation import CommitWatch, generation, next_generation, own_ports
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,20 @@ def list_table(family: str, name: str) -> str | None:
 class Ran(NamedTuple):
     seconds: float  # what nft took
     # the ruleset generation the transaction produced ([] when it changed nothing; None when not
-    # known: `nft -f` is not watched, see CommitWatch)
+    # known: see run_script)
     generations: list[int] | None
 
 
 def run_script(script: str) -> Ran:
-    """Run `script` as one atomic transaction, all or nothing (`nft -f` semantics). In process,
-    its commit is told from anybody else's by the socket that made it (see CommitWatch)."""
+    """Run `script` as one atomic transaction, all or nothing (`nft -f` semantics), and tell
+    which generation its commit produced.
+
+    In process, the commit is told from anybody else's by the socket that made it (see
+    CommitWatch). An `nft -f` child is not watched (while anybody listens, the kernel announces
+    each object a commit changes: 10k services, ~130k of them); its commit is the one between
+    the generation before it and the one after it, when they are consecutive and the script is
+    certain to commit (see certain_to_commit): one transaction, one commit, nobody else's beside it.
+    """
     if not script.strip():
         return Ran(0.0, [])
     start = time.monotonic()
@@ -89,13 +97,30 @@ def run_script(script: str) -> Ran:
             ours = own_ports()
             generations = [g for g, port in seen if port in ours]
     else:
+        before = generation() if certain_to_commit(script) else None
         proc = run_tool([nft_binary(), "-f", "-"], script)
         how, error = "nft -f", proc.stderr.strip() if proc.returncode != 0 else None
+        after = generation() if before is not None and error is None else None
+        if after is not None and after == next_generation(before):  # type: ignore[arg-type]
+            generations = [after]
     elapsed = time.monotonic() - start
     if error is not None:
         raise KernelError(f"nft -f failed (nothing was changed): {error}")
     log.debug("%s: %d bytes in %.4fs", how, len(script), elapsed)
     return Ran(elapsed, generations)
+
+
+# commands that change the ruleset whenever their transaction succeeds: a rule added is always a
+# new one; deleting or creating what is not there (is there) fails the whole transaction. (An
+# `add` of a table, chain, set or element that exists changes nothing: no commit.)
+_ALWAYS_CHANGES = re.compile(r"^(?:add rule|insert rule|replace rule|delete|create) ", re.MULTILINE)
+
+
+def certain_to_commit(script: str) -> bool:
+    """Whether `script`, if it succeeds, surely commits (bumps the generation): it holds a
+    command that always changes the ruleset. Then a generation that moved by exactly one across
+    it moved by its commit alone."""
+    return _ALWAYS_CHANGES.search(script) is not None
 
 
 class _LibNftables:
