@@ -6,6 +6,8 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
   min-sync-period, and at least one full resync per sync-period;
 * a normal sync is incremental: the plan is made against the model left by the last
   successful apply (no kernel read), then applied atomically, without reading the kernel back;
+* the first sync (and a resync that reads) plans against the kernel as read, and the
+  generation verifies its apply when our commits alone moved it since (reconcile.apply);
 * the periodic full resync re-reads the kernel, unless the nf_tables ruleset generation shows
   that nothing was committed since our own last commit (drift.py; at least hourly all the same);
   operations found although the kernel should still be as we left it are drift: logged
@@ -467,7 +469,7 @@ class Daemon:
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
             if operations:
                 after = apply(self.backend, planned, verify=read, release=True)
-                if read:  # the verifying read found the kernel holding it
+                if read:  # verified at verified_at: by the generation, or by reading it back
                     check.found_in_sync(planned.verified_at)
                 else:
                     check.committed(planned.generations)

@@ -9,11 +9,14 @@ trusted only as far as it is known:
 * `known` is a generation at which the kernel held the applied model: one a read started at and
   found it there (a commit during the read moves the generation past it for good), or the one
   our own commits reached, when they are the very commits that followed `known` — the backend
-  names the generations its commits produced (nftables: the kernel's answer to each
-  transaction), so a commit of anybody else's, even one landing between two of ours, shows;
-* anything else — a backend that cannot name its commits (iptables' tools do not say), a
-  transaction that changed nothing, a failed sync, no generation at all (legacy iptables) —
-  leaves it unknown, and the next resync reads;
+  names the generations its commits produced (libnftables in process: the kernel's
+  announcement from our socket; `nft -f` and iptables-nft's restores: the generations between
+  the one before the tool ran and the one after, when they are exactly as many as the commits
+  it was certain to make), so a commit of anybody else's, even one landing between two of
+  ours, shows;
+* anything else — commits a backend cannot name (a transaction that might change nothing, or
+  one beside somebody else's commit), a transaction that changed nothing, a failed sync, no
+  generation at all (legacy iptables) — leaves it unknown, and the next resync reads;
 * a resync reads at least every `max_age` seconds all the same.
 """
 

@@ -55,7 +55,8 @@ class Backend(Protocol):
         """Execute operations atomically: one `nft -f` transaction; for iptables one restore per
         family whose tables each commit atomically. Raises on failure. Returns the nf_tables
         generations its commits produced, in order (none for a transaction that changed nothing,
-        or for legacy iptables), or None when the backend cannot tell (see drift.py)."""
+        or for legacy iptables), or None when the backend cannot tell which (see drift.py and
+        reconcile.apply, which trust the generation only as far as these name our commits)."""
 
     def generation(self) -> int | None:
         """The kernel's ruleset generation, moved by every commit that changes anything, ours

@@ -7,8 +7,11 @@ listeners as an NFT_MSG_NEWGEN message: the generation it produced, from the net
 
 So when the generation is where the kernel was last known to hold what we applied, nothing in
 nf_tables has changed since: the run loop's periodic drift check need not read the kernel back
-(10k services: ~7 s and ~10 s of CPU every sync period, see drift.py); and a CommitWatch around
-our own transaction tells which generation is ours.
+(10k services: ~7 s and ~10 s of CPU every sync period, see drift.py), nor does apply to verify
+its transaction when our commits alone took the generation from where the plan's read started
+(reconcile.apply). A CommitWatch around an in-process transaction tells which generation is
+ours; a kernel tool's commits are the generations between the ones before and after it, when
+they are exactly as many as the commits it was certain to make (follows(), the backends).
 
 Over netlink sockets of the standard library: a request costs a few tens of microseconds.
 pyroute2 (a dependency of the one-shot commands) speaks it too, but importing it costs the
