@@ -166,7 +166,7 @@ class SyncReport:
     removed: int = 0
     seconds: float = 0.0
     error: str | None = None
-    kernel_read: bool = False  # the kernel was read back (the first sync; a resync the generation could not vouch for)
+    kernel_read: bool = False  # read to plan (the first sync; a resync the generation could not vouch for)
 
 
 class _PendingChanges:

@@ -30,6 +30,7 @@ class Plan:
     node: str
     services: list[ServiceChange] = field(default_factory=list)
     operations: list[Operation] = field(default_factory=list)
+    verified_by: str | None = None  # apply: "generation" or "read" (see reconcile.apply)
 
     @property
     def empty(self) -> bool:
@@ -48,6 +49,7 @@ class Plan:
             "services": [s.to_dict() for s in self.services],
             "operations": [o.to_dict() for o in self.operations],
             "summary": self.summary(),
+            **({"verifiedBy": self.verified_by} if self.verified_by else {}),
         }
 
     def to_json(self) -> str:

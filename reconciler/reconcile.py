@@ -16,6 +16,7 @@ from . import conntrack
 from .backends import get_backend
 from .backends.base import KernelError, Operation
 from .backends.generation import follows
+from .backends.generation import generation as nf_tables_generation
 from .config import Options
 from .desired import build_desired_state
 from .plan import Plan, service_change_counts, service_changes
@@ -56,7 +57,10 @@ class Planned:
     verified_by: str | None = None
 
     def committed(self, generations: list[int] | None) -> None:
-        self.generations = None if generations is None or self.generations is None else self.generations + generations
+        """A transaction of the plan ran and committed these generations. None (not known which)
+        and [] (it committed nothing, though planned to change something: the plan was no
+        change to the kernel after all) both leave the generations unable to vouch for it."""
+        self.generations = None if not generations or self.generations is None else self.generations + generations
 
     def describe(self, backend: Any) -> None:
         """Fill in plan.services, the plan in service terms (once): what the service ports touched
@@ -141,7 +145,10 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
     process that already has threads) a thread reads. A thread looks for the other mode's
     leftovers meanwhile, listing what is there first (see Backend.cleanup).
     """
-    observed_at = backend.generation()
+    # the generation before the read starts (nf_tables' own: a backend's may first look for its
+    # flavour, which would hold up the read; where that counter does not cover the backend's
+    # objects, its generation() is None and apply() reads back all the same)
+    observed_at = nf_tables_generation()
     with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
         other = side.submit(other_mode_leftovers, backend.mode, True)
         try:
@@ -221,7 +228,9 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     planned.observed_at to the desired model, and when our commits were the very ones that
     followed that read and nothing has committed since, the kernel holds exactly what the read
     found changed by our transaction (atomic: all of it), so reading it back would find nothing
-    to do (10k services: ~3-7 s spared). Otherwise (or `read_back`) it is re-observed and must need
+    to do (10k services: ~3-7 s spared) — as long as the plan was right: that rendering, the
+    kernel and our parser of its listing agree, which the tests check (apply, then plan: no
+    changes) and which a read-back, the run loop's hourly one or `read_back`, checks again. Otherwise (or `read_back`) it is re-observed and must need
     no change; that first drops planned.observed_model: two read-backs of a big ruleset need not
     be alive at once. With verify=False (the run loop's syncs that did not read the kernel
     either: it knows what the kernel held, see drift.py) nothing is verified.
@@ -233,7 +242,6 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     back (10k services, cold start: the run process's peak 345 -> ~300 MiB).
     """
     own = planned.own_operations
-    committing = bool(own or planned.other_mode_cleanup)
     if release:
         planned.plan.services = []
     if own:
@@ -263,25 +271,18 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     if not verify:
         return planned.desired_model
     now = backend.generation()
-    if not read_back and now is not None and _proven(planned, committing) == now:
+    if not read_back and now is not None and follows(planned.observed_at, planned.generations) == now:
         planned.verified_at, planned.verified_by = now, "generation"
+        planned.plan.verified_by = "generation"
         log.debug("verified by the ruleset generation: %s, reached from the read at %s by our commits %s alone",
                   now, planned.observed_at, planned.generations)
         return planned.desired_model
     planned.observed_model = None  # not needed any more: let it go before the kernel is read again
     planned.verified_at, planned.verified_by = now, "read"
+    planned.plan.verified_by = "read"
     remaining = backend.unconverged(planned.desired_model)
     if remaining:
         raise KernelError(f"kernel did not converge: {len(remaining)} operations still pending, first: "
                           f"{remaining[0].text}")
     return planned.desired_model  # equal to what was read back; one copy in memory is enough
 
-
-def _proven(planned: Planned, committed: bool) -> int | None:
-    """The generation at which the kernel must hold the desired model, by the generations alone:
-    reached from the read the plan was made against through our commits only. None when they
-    cannot vouch for it: a transaction that committed nothing (the kernel already had what the
-    plan added: somebody else got there first), or one whose commits are not known."""
-    if committed and not planned.generations:
-        return None
-    return follows(planned.observed_at, planned.generations)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -58,6 +59,8 @@ def test_apply_and_cleanup_leave_foreign_objects(lab, tmp_path):
         assert "Applied. Verified by the ruleset generation" in applied.stdout
         again = reconciler(lab, "apply", *common_flags(src), "--read-back")  # asked for all the same
         assert "Nothing to do. Verified by reading the kernel back." in again.stdout
+        as_json = json.loads(reconciler(lab, "apply", *common_flags(src), "-o", "json").stdout)
+        assert as_json["inSync"] and as_json["verifiedBy"] == "generation"
         assert foreign_listing(lab) == before
         tables = lab.exec("node", ["nft", "list", "tables"]).stdout
         assert "table ip reconciler\n" in tables and re.search(r"table ip reconciler-\d\d\n", tables)

@@ -47,10 +47,12 @@ subprocess.run(["rm", "-r", f"{smaller}/shop"], check=True)  # two services fewe
 
 steps = []
 def step(name, ops):
+    certain = nftables_kernel.certain_to_commit(backend.script(ops)) if mode == "nftables" else None
     before = generation()
     produced = backend.apply(ops)
     after = generation()
     steps.append({"step": name, "ops": len(ops), "produced": produced, "moved": after - before, "after": after,
+                  "certain": certain,
                   "backend_generation": backend.generation()})
 
 start = generation()
@@ -123,6 +125,7 @@ def test_apply_reports_the_commits_the_kernel_made(ns: str, mode: str, flavour: 
         assert beside["moved"] == 2 and beside["produced"] == [beside["after"]]
     else:  # two commits where one was expected: which one is ours, nobody can tell
         assert beside["produced"] is None and beside["moved"] >= 2
+        assert beside["certain"] is not False  # (not for want of a transaction certain to commit)
     if mode == "nftables":  # one transaction each, and it names the generation it produced
         assert [s["moved"] for s in steps.values()] == [1, 1, 0, 1]
         assert [s["produced"] for s in steps.values()] == [

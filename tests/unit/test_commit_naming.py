@@ -12,6 +12,8 @@ def test_an_nft_script_is_certain_to_commit_when_it_adds_a_rule_or_deletes_or_cr
     assert certain_to_commit("add table ip t\nadd chain ip t c\nadd rule ip t c counter\n")
     assert certain_to_commit("add chain ip t c {\n\tcounter\n}\ndelete element ip t s { 1.2.3.4 }\n")
     assert certain_to_commit("create set ip t s { type ipv4_addr; }\n")
+    assert certain_to_commit("add chain ip t svc-a {\n\tdnat to 10.244.1.5:8080\n}\n")  # a block of rules
+    assert not certain_to_commit("add chain ip t c {\n\ttype filter hook input priority 0;\n}\n")
     # what exists already is added again without a change (no commit): not certain
     assert not certain_to_commit("add table ip t\nadd chain ip t c\nadd element ip t s { 1.2.3.4 }\n")
     assert not certain_to_commit("flush chain ip t c\n")  # (an empty chain: nothing to flush)
@@ -23,6 +25,8 @@ def test_iptables_restore_commits_once_per_table_when_each_surely_changes() -> N
     dropped = ["*filter", "-D INPUT -j RECONCILER-FILTER", "-X RECONCILER-FILTER", "COMMIT"]
     assert expected_commits(nat) == 1 and expected_commits(nat + dropped) == 2
     flush_only = ["*filter", ":RECONCILER-FIREWALL - [0:0]", "COMMIT"]  # empty already: no commit
+    created = ["*nat", "-N RECONCILER-NEW", "COMMIT"]  # (a retry may flush it as existing instead)
+    assert expected_commits(created) is None
     assert expected_commits(flush_only + nat) is None and expected_commits(nat + flush_only) is None
 
 

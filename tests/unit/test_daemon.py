@@ -61,7 +61,8 @@ class FakeBackend:
     """A kernel model {service port id: digest}; counts kernel reads and transactions. Like
     nf_tables, it counts commits in a generation (None: a kernel that keeps none, legacy
     iptables), and apply() names the generations its commits produced (names_commits=False: it
-    cannot tell, as iptables-nft); tamper() is somebody else's commit."""
+    cannot tell, as for a transaction that might commit nothing); tamper() is somebody else's
+    commit."""
 
     mode = "fake"
 
@@ -325,7 +326,7 @@ def test_a_transaction_that_changed_nothing_beside_a_foreign_commit_is_not_taken
 
 def test_a_backend_that_cannot_name_its_commits_is_read_after_them() -> None:
     d, backend, source, clock = make()
-    backend.names_commits = False  # iptables-nft
+    backend.names_commits = False  # (a transaction that might have committed nothing)
     d.step()
     assert not resync(d, clock).kernel_read  # nobody committed: still vouched for
     source.objects = web(eps=("10.244.1.78",))

@@ -233,7 +233,14 @@ def test_plan_reads_in_service_terms_and_json_matches_schema():
     assert "- endpoint 10.244.0.11:8080" in text and "+ endpoint 10.244.99.99:8080" in text
     assert text.strip().endswith("Plan: 0 service ports to add, 1 to change, 0 to remove; 5 kernel operations.")
     with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
-        jsonschema.validate(json.loads(plan.to_json()), json.load(fh))
+        schema = json.load(fh)
+    jsonschema.validate(json.loads(plan.to_json()), schema)
+    assert "verifiedBy" not in json.loads(plan.to_json())  # a plan; apply says how it verified
+    plan.verified_by = "generation"
+    jsonschema.validate(json.loads(plan.to_json()), schema)
+    plan.verified_by = "guessed"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(plan.to_json()), schema)
 
 
 def test_script_batches_elements_and_is_one_transaction_text():

@@ -214,17 +214,72 @@ def test_apply_is_verified_by_the_generation_when_only_its_own_commit_moved_it()
     assert backend.reads == 1 and again.verified_by == "read" and again.verified_at == 9
 
 
-@pytest.mark.parametrize("case", ["foreign commit", "ours changed nothing", "no generation", "read back asked"])
+@pytest.mark.parametrize("case", ["foreign commit", "somebody was quicker", "no generation", "read back asked"])
 def test_apply_reads_the_kernel_back_when_the_generation_cannot_vouch(case: str) -> None:
     backend = CountingKernel(generation=None if case == "no generation" else 7)
     planned = make_plan(backend, desired())
     if case == "foreign commit":  # something unrelated, but it might have been anything
         backend.beside = {"other": "x"}
-    if case == "ours changed nothing":  # somebody else was quicker with our very change
+    if case == "somebody was quicker":  # with our very change: ours then commits nothing
         backend.beside = {op.name: op.text.split()[-1] for op in planned.plan.operations}
     with pytest.raises(KernelError, match="did not converge") if case == "foreign commit" else nullcontext():
         apply(backend, planned, read_back=case == "read back asked")
     assert backend.reads == 1 and planned.verified_by == "read"
+
+
+def test_a_transaction_that_committed_nothing_is_not_vouched_for() -> None:
+    backend = CountingKernel()
+    planned = make_plan(backend, desired())
+    backend.kernel = dict(planned.desired_model)  # it was there already: nothing to commit
+    apply(backend, planned)  # the generation did not move, as if our plan had been a no-op
+    assert planned.generations is None and backend.reads == 1 and planned.verified_by == "read"
+
+
+def test_a_commit_during_the_plans_read_is_not_taken_for_ours() -> None:
+    class CommitDuringRead(CountingKernel):
+        def observe(self) -> dict[str, str]:
+            seen = super().observe()
+            self.gen += 1  # somebody commits once the read has its copy: the plan may be stale
+            return seen
+
+    backend = CommitDuringRead()
+    planned = make_plan(backend, desired())
+    assert planned.observed_at == 7
+    apply(backend, planned)
+    assert backend.reads == 1 and planned.verified_by == "read"
+
+
+class OtherMode(CountingKernel):
+    """The other mode's backend, committing in the same namespace's generation as `main`."""
+
+    def __init__(self, main: CountingKernel, produces: str) -> None:
+        super().__init__()
+        self.main, self.produces = main, produces
+
+    def apply(self, ops: list[Operation]) -> list[int] | None:
+        if self.produces == "nothing":
+            return []
+        self.main.gen += 1
+        return [self.main.gen] if self.produces == "its commit" else None
+
+
+@pytest.mark.parametrize("case", ["its commit", "unknown", "nothing", "ours nothing"])
+def test_the_other_modes_cleanup_counts_in_the_proof(monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    from reconciler import reconcile
+
+    backend = CountingKernel()
+    other = OtherMode(backend, "its commit" if case == "ours nothing" else case)
+    monkeypatch.setattr(reconcile, "get_backend", lambda mode: other)
+    monkeypatch.setitem(reconcile.OTHER_MODE, "fake", "other")
+    leftovers = [Operation("-", "chain", "nat OLD", "-X OLD")]
+    planned = make_plan(backend, desired(), other_mode=True, leftovers=leftovers)
+    if case == "ours nothing":  # our part committed nothing; the cleanup's commit must not hide that
+        backend.kernel = dict(planned.desired_model)
+    apply(backend, planned)
+    if case == "its commit":  # ours, then the cleanup's: consecutive, both named
+        assert planned.generations == [8, 9] and backend.reads == 0 and planned.verified_by == "generation"
+    else:
+        assert backend.reads == 1 and planned.verified_by == "read"
 
 
 def test_a_plan_made_against_a_given_model_is_not_vouched_for() -> None:

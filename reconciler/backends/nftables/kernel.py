@@ -111,9 +111,12 @@ def run_script(script: str) -> Ran:
 
 
 # commands that change the ruleset whenever their transaction succeeds: a rule added is always a
-# new one; deleting or creating what is not there (is there) fails the whole transaction. (An
-# `add` of a table, chain, set or element that exists changes nothing: no commit.)
-_ALWAYS_CHANGES = re.compile(r"^(?:add rule|insert rule|replace rule|delete|create) ", re.MULTILINE)
+# new one (also inside a chain block: `add chain T C {` and a rule on each tab-indented line, as
+# diff.script writes them); deleting or creating what is not there (is there) fails the whole
+# transaction. (An `add` of a table, set or element that exists may change nothing: no commit.)
+_ALWAYS_CHANGES = re.compile(
+    r"^(?:(?:add rule|insert rule|replace rule|delete|create) "
+    r"|add chain [^\n{]*\{\n\t(?!(?:type|policy|comment|devices|flags) ))", re.MULTILINE)
 
 
 def certain_to_commit(script: str) -> bool:
