@@ -50,11 +50,15 @@ class Planned:
     # not known, or the model is not a fresh read)
     observed_at: int | None = None
     # what apply() learnt of it: the generations its commits produced (None: not known which),
-    # the one at which it verified the kernel, and how ("generation": its commits were all that
-    # changed since observed_at; "read": read back)
+    # and the one at which it verified the kernel (how: verified_by)
     generations: list[int] | None = field(default_factory=list)
     verified_at: int | None = None
-    verified_by: str | None = None
+
+    @property
+    def verified_by(self) -> str | None:
+        """How apply() verified the kernel: "generation" (our commits were all that changed it
+        since observed_at) or "read" (read back); None before."""
+        return self.plan.verified_by
 
     def committed(self, generations: list[int] | None) -> None:
         """A transaction of the plan ran and committed these generations. None (not known which)
@@ -230,9 +234,9 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
     found changed by our transaction (atomic: all of it), so reading it back would find nothing
     to do (10k services: ~3-7 s spared) — as long as the plan was right: that rendering, the
     kernel and our parser of its listing agree, which the tests check (apply, then plan: no
-    changes) and which a read-back, the run loop's hourly one or `read_back`, checks again. Otherwise (or `read_back`) it is re-observed and must need
-    no change; that first drops planned.observed_model: two read-backs of a big ruleset need not
-    be alive at once. With verify=False (the run loop's syncs that did not read the kernel
+    changes) and a read-back checks again (the run loop's hourly one, or `read_back`).
+    Otherwise (or `read_back`) the kernel is re-observed and must need no change; that first
+    drops planned.observed_model: two read-backs of a big ruleset need not be alive at once. With verify=False (the run loop's syncs that did not read the kernel
     either: it knows what the kernel held, see drift.py) nothing is verified.
 
     Returns the model the kernel now holds (the desired one). What apply learns of the ruleset
@@ -272,14 +276,12 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
         return planned.desired_model
     now = backend.generation()
     if not read_back and now is not None and follows(planned.observed_at, planned.generations) == now:
-        planned.verified_at, planned.verified_by = now, "generation"
-        planned.plan.verified_by = "generation"
+        planned.verified_at, planned.plan.verified_by = now, "generation"
         log.debug("verified by the ruleset generation: %s, reached from the read at %s by our commits %s alone",
                   now, planned.observed_at, planned.generations)
         return planned.desired_model
     planned.observed_model = None  # not needed any more: let it go before the kernel is read again
-    planned.verified_at, planned.verified_by = now, "read"
-    planned.plan.verified_by = "read"
+    planned.verified_at, planned.plan.verified_by = now, "read"
     remaining = backend.unconverged(planned.desired_model)
     if remaining:
         raise KernelError(f"kernel did not converge: {len(remaining)} operations still pending, first: "

@@ -63,6 +63,18 @@ def follows(start: int | None, produced: list[int] | None) -> int | None:
     return g
 
 
+def commits_between(before: int | None, after: int | None, count: int | None) -> list[int] | None:
+    """The generations `count` commits made from `before`, when they lead exactly to `after`
+    (a commit of anybody else's beside them would have moved it further); else None. For a kernel
+    tool certain to make `count` commits, read before and after it ran: its own."""
+    if before is None or after is None or not count:
+        return None
+    produced = [before]
+    for _ in range(count):
+        produced.append(next_generation(produced[-1]))
+    return produced[1:] if produced[-1] == after else None
+
+
 def generation(timeout: float = 1.0) -> int | None:
     """The current nf_tables ruleset generation of this thread's network namespace, or None when
     the kernel cannot be asked (no netlink, nf_tables unavailable)."""

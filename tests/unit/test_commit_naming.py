@@ -3,8 +3,8 @@ across them moved by them alone (see reconcile.apply and drift.py)."""
 
 from __future__ import annotations
 
-from reconciler.backends.generation import follows, next_generation
-from reconciler.backends.iptables.backend import _commits_between, expected_commits
+from reconciler.backends.generation import commits_between, follows, next_generation
+from reconciler.backends.iptables.backend import expected_commits
 from reconciler.backends.nftables.kernel import certain_to_commit
 
 
@@ -31,10 +31,10 @@ def test_iptables_restore_commits_once_per_table_when_each_surely_changes() -> N
 
 
 def test_commits_are_named_only_when_they_alone_moved_the_generation() -> None:
-    assert _commits_between(5, 7, 2) == [6, 7]
-    assert _commits_between(5, 8, 2) is None  # somebody else's beside them
-    assert _commits_between(0xFFFFFFFF, 2, 2) == [1, 2]  # (the counter skips 0)
-    assert _commits_between(None, 7, 2) is None and _commits_between(5, 7, None) is None
+    assert commits_between(5, 7, 2) == [6, 7]
+    assert commits_between(5, 8, 2) is None  # somebody else's beside them
+    assert commits_between(0xFFFFFFFF, 2, 2) == [1, 2]  # (the counter skips 0)
+    assert commits_between(None, 7, 2) is None and commits_between(5, 7, None) is None
     assert follows(5, [6, 7]) == 7 and follows(5, []) == 5
     assert follows(5, [7]) is None and follows(None, [6]) is None and follows(5, None) is None
     assert follows(0xFFFFFFFF, [next_generation(0xFFFFFFFF)]) == 1

@@ -13,7 +13,7 @@ from typing import Any
 
 from ...state import DesiredState
 from ..base import Operation
-from ..generation import generation, next_generation
+from ..generation import commits_between, generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
 from .observed import canonical_texts, read_our_tables
@@ -95,7 +95,7 @@ class IptablesBackend:
             before = generation() if expected else None
             self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
             if self.flavour == "nft":
-                ours = _commits_between(before, generation() if before is not None else None, expected)
+                ours = commits_between(before, generation() if before is not None else None, expected)
                 produced = None if produced is None or ours is None else produced + ours
         return produced
 
@@ -212,15 +212,3 @@ def expected_commits(lines: list[str]) -> int | None:
         elif line.startswith(_ALWAYS_CHANGES):
             certain = True
     return commits
-
-
-def _commits_between(before: int | None, after: int | None, expected: int | None) -> list[int] | None:
-    """The generations `expected` commits made from `before`, when they lead exactly to `after`
-    (a commit of anybody else's beside them would have moved it further); else None."""
-    if before is None or after is None or not expected:
-        return None
-    produced = [before]
-    for _ in range(expected):
-        produced.append(next_generation(produced[-1]))
-    return produced[1:] if produced[-1] == after else None
-

@@ -20,7 +20,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..base import KernelError, run_tool
-from ..generation import CommitWatch, generation, next_generation, own_ports
+from ..generation import CommitWatch, commits_between, generation, own_ports
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,7 @@ def run_script(script: str) -> Ran:
         before = generation() if certain_to_commit(script) else None
         proc = run_tool([nft_binary(), "-f", "-"], script)
         how, error = "nft -f", proc.stderr.strip() if proc.returncode != 0 else None
-        after = generation() if before is not None and error is None else None
-        if after is not None and after == next_generation(before):  # type: ignore[arg-type]
-            generations = [after]
+        generations = commits_between(before, generation() if before is not None and error is None else None, 1)
     elapsed = time.monotonic() - start
     if error is not None:
         raise KernelError(f"nft -f failed (nothing was changed): {error}")
