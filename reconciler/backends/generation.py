@@ -12,6 +12,10 @@ its transaction when our commits alone took the generation from where the plan's
 (reconcile.apply). A CommitWatch around an in-process transaction tells which generation is
 ours; a kernel tool's commits are the generations between the ones before and after it, when
 they are exactly as many as the commits it was certain to make (follows(), the backends).
+(One window stays: the kernel moves the counter as a commit starts to take effect, before it
+applies some updates of existing objects (a chain's policy, a table's flags); a read that starts
+in those microseconds sees the new generation without them. The run loop's hourly read and
+`apply --read-back` see past it.)
 
 Over netlink sockets of the standard library: a request costs a few tens of microseconds.
 pyroute2 (a dependency of the one-shot commands) speaks it too, but importing it costs the
