@@ -6,7 +6,7 @@ import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from typing import IO, Any, Literal, Protocol
+from typing import Callable, IO, Any, Literal, Protocol
 
 from ..state import DesiredState
 
@@ -57,6 +57,12 @@ class Backend(Protocol):
         generations its commits produced, in order (none for a transaction that changed nothing,
         or for legacy iptables), or None when the backend cannot tell which (see drift.py and
         reconcile.apply, which trust the generation only as far as these name our commits)."""
+
+    def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
+        """apply(operations) in two steps: the transaction written now (its text), run when the
+        returned function is called (reconcile.apply writes it before describing the plan in
+        service terms beside the kernel tool: two threads writing at once would each go at
+        half speed)."""
 
     def generation(self) -> int | None:
         """The kernel's ruleset generation, moved by every commit that changes anything, ours

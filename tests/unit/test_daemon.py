@@ -103,6 +103,9 @@ class FakeBackend:
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
 
+    def prepare(self, ops: list[Operation]) -> Callable[[], list[int] | None]:
+        return lambda: self.apply(ops)
+
     def apply(self, ops: list[Operation]) -> list[int] | None:
         if self.fail is not None:
             raise self.fail

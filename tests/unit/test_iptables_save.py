@@ -152,6 +152,20 @@ def test_quoting() -> None:
         assert Rule.from_text(Rule("C", ("-j", "LOG", "--log-prefix", value)).to_text()).args[-1] == value
 
 
+def test_spec_quotes_each_argument_as_quote_arg_does() -> None:
+    """Rule.spec() (its fast path for the usual rule included) is quote_arg() of each argument
+    after the one before it: the values of free-text options quoted as iptables-save does."""
+    import random
+
+    rng = random.Random(7)
+    words = ["-m", "comment", "--comment", "--log-prefix", "--helper", "-j", "ACCEPT", "ns/web:http", "web",
+             "", "a b", '"', "tab\there", "it's", "x\\y", "10.0.0.1:80", "-p", "tcp", "--dport", "80"]
+    for _ in range(5000):
+        args = tuple(rng.choice(words) for _ in range(rng.randint(1, 10)))
+        expected = " ".join(quote_arg(a, after=args[i - 1] if i else None) for i, a in enumerate(args))
+        assert Rule("C", args).spec() == expected, args
+
+
 def test_rule_from_text_and_helpers() -> None:
     text = '-A KUBE-X -m comment --comment "a b" -j DNAT --to-destination 10.0.0.1:80'
     rule = Rule.from_text(text)

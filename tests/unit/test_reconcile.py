@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from helpers import build, endpoint, endpoint_slice, service
@@ -25,6 +25,7 @@ class SlowKernel:
         self.describing = threading.Event()
         self.overlapped: bool | None = None
         self.apply_thread: int | None = None
+        self.written: tuple[int, bool] | None = None  # prepare(): (its thread, describing already?)
         self.fail = fail
 
     def render(self, desired: Any) -> dict[str, str]:
@@ -40,6 +41,10 @@ class SlowKernel:
 
     def unconverged(self, want: dict[str, str]) -> list[Operation]:
         return self.diff(want, self.observe())
+
+    def prepare(self, ops: list[Operation]) -> Callable[[], list[int] | None]:
+        self.written = (threading.get_ident(), self.describing.is_set())
+        return lambda: self.apply(ops)
 
     def apply(self, ops: list[Operation]) -> list[int] | None:
         self.apply_thread = threading.get_ident()
@@ -73,6 +78,7 @@ def test_apply_describes_the_plan_while_the_kernel_takes_the_transaction() -> No
     assert not planned.described and planned.plan.services == []
     assert apply(backend, planned) == backend.kernel
     assert backend.overlapped and backend.apply_thread != threading.get_ident()
+    assert backend.written == (threading.get_ident(), False)  # its text written here, before describing
     assert planned.described
     assert sorted((s.action, s.service) for s in planned.plan.services) == [
         ("+", "default/db:sql/TCP"), ("+", "default/web:http/TCP")]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from ...state import DesiredState
 from ..base import Operation
@@ -88,16 +88,23 @@ class IptablesBackend:
         commit ([]). The nft flavour's tools do not say which commits are theirs: a run's are the
         generations between the one before it and the one after it when they are as many as the
         commits it is certain to make (see expected_commits), else not known (None)."""
-        self.last_restore_seconds = {}
-        produced: list[int] | None = []
-        for cmd, lines in restore_lines(operations).items():
-            expected = expected_commits(lines) if self.flavour == "nft" else None
-            before = generation() if expected else None
-            self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
-            if self.flavour == "nft":
-                ours = commits_between(before, generation() if before is not None else None, expected)
-                produced = None if produced is None or ours is None else produced + ours
-        return produced
+        return self.prepare(operations)()
+
+    def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
+        inputs = [(cmd, lines, expected_commits(lines) if self.flavour == "nft" else None)
+                  for cmd, lines in restore_lines(operations).items()]
+
+        def run() -> list[int] | None:
+            self.last_restore_seconds = {}
+            produced: list[int] | None = []
+            for cmd, lines, expected in inputs:
+                before = generation() if expected else None
+                self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
+                if self.flavour == "nft":
+                    ours = commits_between(before, generation() if before is not None else None, expected)
+                    produced = None if produced is None or ours is None else produced + ours
+            return produced
+        return run
 
     def generation(self) -> int | None:
         """nf_tables' generation in the nft flavour; the legacy one keeps none."""

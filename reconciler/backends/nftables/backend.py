@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ...state import DesiredState
 from ..base import KernelError, Operation
@@ -56,17 +56,23 @@ class NftablesBackend:
         return ops + diff(Ruleset(missing), Ruleset())
 
     def apply(self, operations: list[Operation]) -> list[int] | None:
+        return self.prepare(operations)()
+
+    def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
         light = self.script(operations)
-        try:
-            return kernel.run_script(light).generations
-        except KernelError as exc:
-            plain = script(operations)
-            if plain == light:
-                raise
-            # the kernel refused a set as script() restated it (one made by something else, or
-            # another nft version): nothing was changed, so the plain commands may try
-            log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
-            return kernel.run_script(plain).generations
+
+        def run() -> list[int] | None:
+            try:
+                return kernel.run_script(light).generations
+            except KernelError as exc:
+                plain = script(operations)
+                if plain == light:
+                    raise
+                # the kernel refused a set as script() restated it (one made by something else,
+                # or another nft version): nothing was changed, so the plain commands may try
+                log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
+                return kernel.run_script(plain).generations
+        return run
 
     def generation(self) -> int | None:
         return generation()
