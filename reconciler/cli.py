@@ -38,9 +38,11 @@ def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, 
     p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
                    help="pod CIDRs; traffic from outside them to a ClusterIP is masqueraded")
     p.add_argument("--service-cidr", metavar="CIDR[,CIDR]",
-                   help="service CIDRs: unallocated IPs are dropped, unused ports of ClusterIPs rejected")
+                   help="service CIDRs: unallocated IPs are dropped (unused ports of ClusterIPs are rejected: "
+                        "by nftables always, by iptables with this flag)")
     p.add_argument("--nodeport-addresses", metavar="CIDR,...",
-                   help="NodePorts answer only on local addresses in these CIDRs (default: every local address)")
+                   help="NodePorts answer only on local addresses in these CIDRs (default: every local address; "
+                        "a family with none of them, or with 0.0.0.0/0 or ::/0: every local address of it)")
     p.add_argument("--masquerade-all", action="store_true", default=None,
                    help="masquerade all traffic to ClusterIPs")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug details")

@@ -23,6 +23,10 @@ from .topology import EndpointInfo, categorize_endpoints
 log = logging.getLogger(__name__)
 
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
+HEADLESS_LABEL = "service.kubernetes.io/headless"
+# objects carrying either label (whatever its value) are not ours: kube-proxy's informers select
+# `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`
+SKIP_LABELS = (SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL)
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 DEFAULT_AFFINITY_TIMEOUT = 10800
@@ -169,8 +173,8 @@ class _Service:
 def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     r = _Reader(obj)
     labels = r.typed(("metadata", "labels"), dict, {})
-    if labels.get(SERVICE_PROXY_NAME_LABEL):
-        return None  # owned by another proxy, as kube-proxy skips it
+    if any(k in labels for k in SKIP_LABELS):
+        return None  # owned by another proxy (or headless), as kube-proxy skips it
     r.typed(("spec",), dict)
     svc_type = r.enum(("spec", "type"), ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"), "ClusterIP")
     if svc_type == "ExternalName":
@@ -260,6 +264,14 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     )
 
 
+def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:
+    """A family's nodePort addresses (None: every local address but loopback), as kube-proxy's
+    NodePortAddresses reads the flag: a family it names no CIDR of, or a zero CIDR, matches all."""
+    if split is None or not split[family] or any(c in ("0.0.0.0/0", "::/0") for c in split[family]):
+        return None
+    return split[family]
+
+
 def _ip_key(s: str) -> tuple[int, bytes, int]:
     """Sort key for addresses and CIDRs: family, then numeric order."""
     addr, _, plen = s.partition("/")
@@ -283,7 +295,7 @@ class _Slice:
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     r = _Reader(obj)
     labels = r.typed(("metadata", "labels"), dict, {})
-    if labels.get(SERVICE_PROXY_NAME_LABEL):
+    if any(k in labels for k in SKIP_LABELS):
         return None
     addr_type = r.enum(("addressType",), ("IPv4", "IPv6", "FQDN"), "")
     if addr_type == "FQDN":
@@ -320,7 +332,7 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         if not isinstance(cond, dict):
             raise r.error(base + ("conditions",), "expected a mapping")
         ready = _flag(r, cond, "ready", True, base)
-        serving = _flag(r, cond, "serving", ready, base)
+        serving = _flag(r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
         terminating = _flag(r, cond, "terminating", False, base)
         hints = raw.get("hints") or {}
         node_name = raw.get("nodeName")
@@ -412,18 +424,22 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
         else:
             external = TrafficPath("drop", (), policy, short)
 
-    # Hairpin (a pod reaching itself through its service) can only start on this node.
+    # Hairpin (a pod reaching itself through its service, masqueraded so that the answer does
+    # not come from itself) starts on this node for its own pods, on any path; and for pods of
+    # any node on the pod short-circuit of ETP Local (a pod elsewhere reaching this node's
+    # NodePort or LB IP may be sent back to itself; kube-proxy masquerades every endpoint's own
+    # traffic to it). Other remote pods never have their service traffic DNATed here.
     local = [e for e in eps if e.node is None or e.node == node.name]
-    hairpin: tuple[Endpoint, ...] = ()
-    if local:
-        paths = [internal] + ([external] if external else [])
-        used = {(x.ip, x.port) for p in paths for x in (*p.endpoints, *p.shortCircuit)}
-        hairpin = tuple(Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used)
+    paths = [internal] + ([external] if external else [])
+    used = {(x.ip, x.port) for p in paths for x in (*p.endpoints, *p.shortCircuit)}
+    hairpin = [Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used]
+    if external is not None:
+        hairpin += external.shortCircuit
     block = ServicePortFamily(
         family=family, clusterIP=svc.cluster_ips[family], internal=internal, external=external,
         externalIPs=ext_ips, loadBalancerIPs=lb_ips,
         loadBalancerSourceRanges=_source_ranges(svc.source_ranges.get(family, ()), lb_ips, node, family),
-        hairpinEndpoints=tuple(sorted(hairpin, key=lambda e: (_ip_key(e.ip), e.port))),
+        hairpinEndpoints=tuple(sorted(set(hairpin), key=lambda e: (_ip_key(e.ip), e.port))),
     )
     return block, len({e.ip for e in cat.local if e.ready})
 
@@ -625,8 +641,7 @@ class BuildCache:
         service_cidrs = _split_cidrs(opts.service_cidrs)
         nodeport = _split_cidrs(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None
         families: dict[Family, FamilyOptions] = {
-            f: FamilyOptions(cluster[f], service_cidrs[f], None if nodeport is None else nodeport[f])
-            for f in ("ipv4", "ipv6")
+            f: FamilyOptions(cluster[f], service_cidrs[f], _nodeport_cidrs(nodeport, f)) for f in ("ipv4", "ipv6")
         }
         for w in self.warned.values():
             warnings.extend(w)

@@ -53,3 +53,17 @@ def test_masquerade_all_hides_pod_sources(lab, tmp_path, mode):
     hidden = lab.tcp("pod2", "10.96.2.10", 80, count=10)
     assert outcomes(hidden) == {"ok": 10}
     assert ADDR["pod2"][4] not in {r.seen_ip for r in hidden}
+
+
+def test_unused_port_of_a_cluster_ip_is_refused_without_service_cidrs(lab, tmp_path, mode):
+    """kube-proxy's nftables mode rejects a port no service port of a ClusterIP uses whatever its
+    flags (its iptables mode does not, nor does ours without --service-cidr: one rule per IP)."""
+    src = str(tmp_path / "s")
+    write_state(src, docs())
+    reconciler(lab, "apply", *common_flags(src, mode))
+    assert outcomes(lab.tcp("pod1", "10.96.2.10", 80, count=3)) == {"ok": 3}
+    unused = lab.tcp("pod1", "10.96.2.10", 81, count=2, timeout=1.0)
+    if mode == "nftables":
+        assert outcomes(unused) == {"refused": 2} and max(r.elapsed for r in unused) < 0.5
+    else:
+        assert "refused" not in outcomes(unused)

@@ -54,6 +54,9 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         svc("ranges-node", ["10.96.1.51"], HTTP, type="LoadBalancer", status=lb("172.30.1.14"),
             loadBalancerSourceRanges=["172.30.0.0/30", "172.30.0.2/32"]),
         eps("ranges-node", ["pod1", "pod2"]),
+        # Source ranges and no endpoints: a source in the ranges is refused, any other dropped.
+        svc("ranges-empty", ["10.96.1.52"], HTTP, type="LoadBalancer", status=lb("172.30.1.15"),
+            loadBalancerSourceRanges=["172.30.0.100/32"]),
         # Topology: zone hints usable (all have them, one for zone-a) / unusable (one lacks hints).
         svc("zoned", ["10.96.1.60"], HTTP, trafficDistribution="PreferClose"),
         eps("zoned", ["pod2", "pod3"], hints={"pod2": ["zone-a"], "pod3": ["zone-b"]}),
@@ -62,6 +65,9 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         # Terminating endpoints: used only when nothing is ready; never when not serving.
         svc("terminating", ["10.96.1.70"], HTTP),
         eps("terminating", ["pod1", "pod2"], conditions={"pod1": NOT_READY_SERVING, "pod2": GONE}),
+        # `serving` unset reads as serving (as kube-proxy reads it): a terminating fallback.
+        svc("terminating-unset", ["10.96.1.72"], HTTP),
+        eps("terminating-unset", ["pod2"], conditions={"pod2": {"ready": False, "terminating": True}}),
         svc("terminating-ready", ["10.96.1.71"], HTTP),
         eps("terminating-ready", ["pod1", "pod3"], conditions={"pod1": NOT_READY_SERVING}),
         # A dual-stack service with IPv4 endpoints only: IPv6 is refused.
@@ -111,6 +117,16 @@ def test_etp_local_pod_traffic_short_circuits_to_all_endpoints(lab, applied):
     assert {r.seen_ip for r in res} == {ADDR["pod2"][4]}
 
 
+def test_etp_local_pod_of_another_node_reaching_itself_is_masqueraded(lab, applied):
+    """pod3 (node-b) to the LB IP routed to node-a: the pod short-circuit may pick pod3 itself,
+    which then needs masquerading (hairpin), or the answer would come from itself."""
+    res = lab.tcp("pod3", "172.30.1.11", 80, count=40)
+    assert outcomes(res) == {"ok": 40}
+    assert set(servers(res)) == {"pod1", "pod3"}
+    assert {r.seen_ip for r in res if r.server == "pod1"} == {ADDR["pod3"][4]}
+    assert ADDR["pod3"][4] not in {r.seen_ip for r in res if r.server == "pod3"}
+
+
 def test_etp_local_node_traffic_is_masqueraded_and_may_use_all(lab, applied):
     res = lab.tcp("node", "172.30.1.11", 80, count=40)
     assert outcomes(res) == {"ok": 40}
@@ -145,6 +161,15 @@ def test_load_balancer_source_ranges(lab, applied):
     assert outcomes(nodeport) == {"ok": 5}
 
 
+def test_load_balancer_source_ranges_without_endpoints(lab, applied):
+    allowed, blocked = concurrently([
+        lambda: lab.tcp("ext1", "172.30.1.15", 80, count=3, timeout=2.0),
+        lambda: lab.tcp("ext2", "172.30.1.15", 80, count=2, timeout=1.0),
+    ])
+    assert outcomes(allowed) == {"refused": 3}  # REJECT: the service exists, it has no endpoints
+    assert outcomes(blocked) == {"timeout": 2}  # outside the ranges: dropped before that
+
+
 def test_load_balancer_ip_is_an_allowed_source_when_the_node_is_in_range(lab, applied):
     lab.add_node_address("172.30.1.14")  # the LB IP as a local address: node traffic to it has it as source
     try:
@@ -171,6 +196,8 @@ def test_terminating_fallback(lab, applied):
     assert outcomes(res) == {"ok": 20} and set(servers(res)) == {"pod1"}
     res = lab.tcp("node", "10.96.1.71", 80, count=20)
     assert set(servers(res)) == {"pod3"}
+    res = lab.tcp("node", "10.96.1.72", 80, count=10)
+    assert outcomes(res) == {"ok": 10} and set(servers(res)) == {"pod2"}
 
 
 def test_ipv6_reject_when_family_has_no_endpoints(lab, applied):

@@ -27,6 +27,21 @@ def test_skips_like_kube_proxy():
     objs[2].body["metadata"]["labels"] = {"service.kubernetes.io/service-proxy-name": "someone-else"}
     state = build(objs)
     assert [s.id for s in state.services] == ["default/ok:http/TCP"]
+    # kube-proxy selects on the labels' absence: an empty value skips too, and so does `headless`
+    for label in ("service.kubernetes.io/service-proxy-name", "service.kubernetes.io/headless"):
+        svc, sl = service("web", "10.96.0.5", HTTP), endpoint_slice("web", [endpoint("10.244.1.5")])
+        sl.body["metadata"]["labels"][label] = ""
+        assert only(build([svc, sl]), "default/web:http/TCP").family("ipv4").internal.verdict == "reject", label
+        svc.body["metadata"]["labels"] = {label: ""}
+        assert build([svc, sl]).services == (), label
+
+
+def test_nodeport_addresses_per_family_as_kube_proxy_reads_them():
+    objs = [service("web", "10.96.0.1", HTTP)]
+    fams = lambda cidrs: {f: o.nodePortCIDRs for f, o in build(objs, nodeport_cidrs=cidrs).families.items()}
+    assert fams(None) == {"ipv4": None, "ipv6": None}  # every local address
+    assert fams(("192.168.1.0/24",)) == {"ipv4": ("192.168.1.0/24",), "ipv6": None}  # none named: all
+    assert fams(("0.0.0.0/0", "192.168.1.0/24", "fd00::/64")) == {"ipv4": None, "ipv6": ("fd00::/64",)}
 
 
 def test_no_endpoints_rejects_everywhere():

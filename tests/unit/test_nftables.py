@@ -213,7 +213,9 @@ def test_removed_service_removes_its_objects_in_safe_order():
     elem = next(i for i, t in enumerate(texts) if t.startswith(f"delete element {table} service-ips"))
     deleted = texts.index(f"delete chain {table} {name}")
     assert texts.index(f"flush chain {table} {name}") < elem < deleted
-    assert {o.service for o in ops} == {f"default/svc{gone}:http/TCP"}
+    # all its own but its ClusterIP leaving the shared set of them (an address, not a port's)
+    assert {o.service for o in ops if "cluster-ips" not in o.text} == {f"default/svc{gone}:http/TCP"}
+    assert [o.text for o in ops if o.service is None] == [f"delete element ip reconciler cluster-ips {{ 10.96.0.{gone + 1} }}"]
 
 
 def test_a_service_alone_in_its_shard_takes_the_shard_table_with_it():
@@ -331,7 +333,9 @@ def test_nodeport_addresses_narrow_the_match():
     assert services()[1].startswith("ip daddr != 127.0.0.0/8 fib daddr type local ")
     assert services(nodeport_cidrs=("172.30.0.0/24", "10.1.0.0/16"))[1].startswith(
         "ip daddr { 10.1.0.0/16, 172.30.0.0/24 } fib daddr type local ")
-    assert len(services(nodeport_cidrs=("fd00::/64",))) == 1  # none for IPv4: no NodePort rule at all
+    # a family the flag names no CIDR of, or a zero CIDR: every local address (as kube-proxy)
+    for cidrs in (("fd00::/64",), ("0.0.0.0/0", "10.1.0.0/16")):
+        assert services(nodeport_cidrs=cidrs)[1].startswith("ip daddr != 127.0.0.0/8 fib daddr type local "), cidrs
 
 
 def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch):

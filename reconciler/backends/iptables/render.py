@@ -23,7 +23,8 @@ nat table
   RECONCILER-POSTROUTING  hooked from POSTROUTING: masquerades marked packets
 filter table (post-DNAT; hooked from INPUT, FORWARD and OUTPUT for conntrack state NEW)
   RECONCILER-FILTER       the hook target: jumps to the two chains below
-  RECONCILER-FIREWALL     drops LB IP traffic that was not DNATed (source outside the ranges)
+  RECONCILER-FIREWALL     drops LB IP traffic that was not DNATed (source outside the ranges; without
+                          endpoints, what comes from outside them: the rest is rejected below)
   RECONCILER-ENDPOINTS-CHECK  REJECT / DROP for addresses and nodePorts without endpoints; with
                           serviceCIDRs: REJECT unused ports of ClusterIPs, DROP unallocated IPs
 
@@ -307,6 +308,12 @@ class _Builder:
             if external.verdict != "forward":
                 self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
             if firewall:
+                self.firewall.append(addr_rule(FIREWALL, ip, "-j", "DROP"))
+            elif blk.loadBalancerSourceRanges:  # nothing DNATed (no endpoints): the ranges' sources go
+                # on to the REJECT, the rest are dropped (as kube-proxy's nftables mode; its iptables
+                # mode rejects them all)
+                self.firewall += [Rule(FIREWALL, ("-s", cidr(src), *addr_rule(FIREWALL, ip, "-j", "RETURN").args))
+                                  for src in blk.loadBalancerSourceRanges]
                 self.firewall.append(addr_rule(FIREWALL, ip, "-j", "DROP"))
         if sp.nodePort is not None:
             if ext:

@@ -270,7 +270,7 @@ class _Builder:
                 self.service_ips[key] = (f"goto {ext_target}", tag)
             if external.verdict != "forward":
                 self.no_ep_services[key] = (self._verdict(external), tag)
-        if blk.loadBalancerSourceRanges and external.verdict != "reject":
+        if blk.loadBalancerSourceRanges:  # also without endpoints: a source outside them is dropped, not rejected
             for ip in blk.loadBalancerIPs:
                 self.firewall_ips[f"{ip} . {proto} . {sp.port}"] = (None, tag)
                 for src in blk.loadBalancerSourceRanges:
@@ -361,12 +361,13 @@ class _Builder:
         endpoints_check = [f"{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services"]
         if nodeport_match is not None:
             endpoints_check.append(f"{nodeport_match}meta l4proto . th dport vmap @no-endpoint-nodeports")
+        sets["cluster-ips"] = _set("cluster-ips", addr, self.cluster_ips)
+        cluster_ips_check = [f"{ip} daddr @cluster-ips reject"]  # a port no service port of the IP uses
         if self.opts.serviceCIDRs:
-            sets["cluster-ips"] = _set("cluster-ips", addr, self.cluster_ips)
-            endpoints_check.append(f"{ip} daddr @cluster-ips reject")
-            endpoints_check.append(f"{ip} daddr {anon_set(canonical_cidr(c) for c in self.opts.serviceCIDRs)} drop")
+            cluster_ips_check.append(f"{ip} daddr {anon_set(canonical_cidr(c) for c in self.opts.serviceCIDRs)} drop")
         chains = _chains({
             "endpoints-check": endpoints_check,
+            "cluster-ips-check": cluster_ips_check,
             "firewall-check": [f"{ip} daddr . meta l4proto . th dport @firewall-ips "
                                f"{ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow drop"],
             MARK_MASQ: [f"meta mark set meta mark | 0x{MASQ_BIT:08x}"],
@@ -382,8 +383,8 @@ class _Builder:
             "firewall-prerouting": ["ct state new jump firewall-check"],
             "firewall-output": ["ct state new jump firewall-check"],
             "filter-input": ["ct state new jump endpoints-check"],
-            "filter-forward": ["ct state new jump endpoints-check"],
-            "filter-output": ["ct state new jump endpoints-check"],
+            "filter-forward": ["ct state new jump endpoints-check", "ct state new jump cluster-ips-check"],
+            "filter-output": ["ct state new jump endpoints-check", "ct state new jump cluster-ips-check"],
         })
         return Table(self.fam.nft, TABLE, chains, sets)
 
