@@ -445,6 +445,8 @@ class Daemon:
         desired = self.desired
         assert desired is not None
         check = self.drift_check
+        if self.applied_model is None:  # nothing applied yet: all of it is a change to make
+            self.health.queued_update()
         try:
             # a full resync reads the kernel back, unless its generation says that nobody has
             # committed anything since our own last commit (see drift.py)
@@ -461,6 +463,8 @@ class Daemon:
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model,
                                     other_mode=bool(leftovers), leftovers=leftovers, describe=False)
             drift = self._drift(read, desired, planned)
+            if drift:  # the kernel is not as we left it: a change to make, like a queued one
+                self.health.queued_update()
             operations = len(planned.plan.operations)
             by_action = Counter(op.action for op in planned.plan.operations)
             counts = planned.count_services(self.backend)  # the numbers, not the description
@@ -517,7 +521,8 @@ class Daemon:
                 log.error("sync %s failed: %s", kind, msg, extra=_fields(sync=kind, error=msg))
             else:
                 log.exception("sync %s failed: %s", kind, msg, extra=_fields(sync=kind, error=msg))
-            self.health.queued_update()  # something is still to be done: ages toward unhealthy
+        # (health: a change queued before, or drift found, stays pending and ages toward unhealthy;
+        # a resync that failed with nothing to do leaves it healthy, as kube-proxy does)
         return SyncReport(kind, False, seconds=seconds, error=msg)
 
     def _after_success(self, report: SyncReport, desired: DesiredState, by_action: Counter[str]) -> None:

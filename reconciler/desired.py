@@ -264,12 +264,17 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     )
 
 
+_LOOPBACK = {"ipv4": ipaddress.ip_network("127.0.0.0/8"), "ipv6": ipaddress.ip_network("::1/128")}
+
+
 def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:
     """A family's nodePort addresses (None: every local address but loopback), as kube-proxy's
-    NodePortAddresses reads the flag: a family it names no CIDR of, or a zero CIDR, matches all."""
+    NodePortAddresses reads the flag: a family it names no CIDR of, or a zero CIDR, matches all;
+    loopback CIDRs are left out (nftables mode never serves NodePorts there): only loopback, none."""
     if split is None or not split[family] or any(c in ("0.0.0.0/0", "::/0") for c in split[family]):
         return None
-    return split[family]
+    loopback = _LOOPBACK[family]
+    return tuple(c for c in split[family] if not ipaddress.ip_network(c).subnet_of(loopback))  # type: ignore[arg-type]
 
 
 def _ip_key(s: str) -> tuple[int, bytes, int]:
@@ -396,7 +401,7 @@ def _eps(infos: Iterable[EndpointInfo]) -> tuple[Endpoint, ...]:
 
 
 def _family_block(svc: _Service, port: _Port, family: Family, eps: list[EndpointInfo], node: NodeInfo
-                  ) -> tuple[ServicePortFamily, int]:
+                  ) -> tuple[ServicePortFamily, set[str]]:
     ext_ips = svc.external_ips.get(family, ())
     lb_ips = svc.lb_ips.get(family, ())
     externally_accessible = port.node_port is not None or bool(ext_ips) or bool(lb_ips)
@@ -441,7 +446,7 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
         loadBalancerSourceRanges=_source_ranges(svc.source_ranges.get(family, ()), lb_ips, node, family),
         hairpinEndpoints=tuple(sorted(set(hairpin), key=lambda e: (_ip_key(e.ip), e.port))),
     )
-    return block, len({e.ip for e in cat.local if e.ready})
+    return block, {e.ip for e in eps if e.ready and e.node == node.name}  # (its ready local endpoints)
 
 
 def _source_ranges(ranges: tuple[str, ...], lb_ips: tuple[str, ...], node: NodeInfo, family: Family
@@ -689,16 +694,16 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
                    ) -> tuple[list[ServicePort], HealthCheck | None]:
     """The ServicePorts of one Service (and its health check), from its EndpointSlices."""
     ports: list[ServicePort] = []
-    local_ips: set[int] = set()
+    local_ips: set[str] = set()  # over all its ports and families, as kube-proxy counts them
     for port in svc.ports:
         blocks = []
         for family in ("ipv4", "ipv6"):
             if family not in svc.cluster_ips:
                 continue
             eps = _endpoints_for(svc_slices, port, family)  # type: ignore[arg-type]
-            block, n_local = _family_block(svc, port, family, eps, node)  # type: ignore[arg-type]
+            block, ready_local = _family_block(svc, port, family, eps, node)  # type: ignore[arg-type]
             blocks.append(block)
-            local_ips.add(n_local)
+            local_ips |= ready_local
         ports.append(ServicePort(
             namespace=svc.namespace, name=svc.name, portName=port.name, protocol=port.protocol,  # type: ignore[arg-type]
             port=port.port, nodePort=port.node_port, families=tuple(blocks),
@@ -706,5 +711,5 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
         ))
     check = None
     if svc.health_check_node_port is not None:
-        check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port, max(local_ips, default=0))
+        check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port, len(local_ips))
     return ports, check

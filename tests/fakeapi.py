@@ -105,6 +105,9 @@ class FakeAPIServer:
     def __init__(self, bookmark_interval: float | None = 0.2, gone_mode: str = "event") -> None:
         self.bookmark_interval = bookmark_interval
         self.gone_mode = gone_mode  # "event": 200 + ERROR event; "http": HTTP 410
+        # watches from these resourceVersions are refused with an ERROR event (504 "Too large
+        # resource version", as after etcd was restored from a backup)
+        self.refused_rvs: set[str] = set()
         self.requests: list[tuple[str, dict[str, str]]] = []
         # Called (kind, query) when a list page is ready, before it is sent (e.g. to compact).
         self.on_list_page: Callable[[str, dict[str, str]], None] | None = None
@@ -349,6 +352,13 @@ class _Handler(BaseHTTPRequestHandler):
             last = int(rv) if rv not in ("", "0") else api._rv
             too_old, compacted = last < api._compacted, api._compacted
         gone = status(410, "Expired", f"too old resource version: {last} ({compacted})")
+        if rv in api.refused_rvs:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._chunk({"type": "ERROR", "object": status(504, "Timeout", f"Too large resource version: {rv}")})
+            return self._chunk(None)
         if too_old and api.gone_mode == "http":
             return self._json(410, gone)
         self.send_response(200)

@@ -40,6 +40,13 @@ class _ContinueExpired(_Gone):
     """A list continue token expired (410) between pages."""
 
 
+class _Refused(Exception):
+    """The server refused the watch with an error of its own (an ERROR event, or an HTTP error
+    other than 410 and 429: e.g. "Too large resource version" after etcd was restored from a
+    backup): back off, then list again, as client-go's reflector does (re-watching from the same
+    resourceVersion could be refused for ever)."""
+
+
 class _ShortWatch(Exception):
     """The watch closed at once without any event; treated as an error (client-go does too)."""
 
@@ -208,6 +215,11 @@ class KubernetesSource:
                     need_list = True
                     continue  # relist right away; a 410 from the list itself backs off below
                 failures = self._error(inf, "list expired", failures)
+            except _Refused as exc:
+                if self._stop.is_set():
+                    break
+                need_list = True
+                failures = self._error(inf, f"{exc}; relisting", failures)
             except Exception as exc:  # noqa: BLE001 - any failure: back off and retry
                 if self._stop.is_set():
                     break
@@ -236,6 +248,8 @@ class KubernetesSource:
         except ApiException as exc:
             if exc.status == 410:
                 raise _Gone(str(exc)) from exc
+            if exc.status not in (None, 0, 429, 500):  # (too many requests, internal error: watch again)
+                raise _Refused(f"HTTP {exc.status}: {exc.reason}") from exc
             raise
 
     def _list(self, inf: _Informer) -> None:
@@ -308,7 +322,7 @@ class KubernetesSource:
             message = str(obj.get("message", ""))
             if obj.get("code") == 410 or "too old resource version" in message:
                 raise _Gone(message or "410 Gone")
-            raise RuntimeError(f"watch error: {obj.get('code')} {message}")
+            raise _Refused(f"watch error: {obj.get('code')} {message}")
         rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
         if etype == "BOOKMARK":
             with self._lock:
@@ -328,7 +342,8 @@ class KubernetesSource:
                 changed = inf.cache.pop(key, None) is not None
             else:
                 changed = inf.cache.get(key) != body
-                inf.cache[key] = body
+                if changed:  # (an equal body keeps the old one: the same SourceObject, nothing to rebuild)
+                    inf.cache[key] = body
             notify = changed and self._synced.is_set()
         if notify:
             self._notify()
@@ -362,7 +377,13 @@ class KubernetesSource:
 
     @staticmethod
     def _normalize(inf: _Informer, obj: dict[str, Any]) -> dict[str, Any]:
-        """List items lack apiVersion/kind; add them like `kubectl get -o json` does."""
+        """List items lack apiVersion/kind; add them like `kubectl get -o json` does. Of a Node
+        only what the proxy reads is kept (its name, labels and addresses): its status changes
+        every few seconds, and kube-proxy too syncs on a Node's labels changing only."""
+        if inf.kind == "Node":
+            meta = obj.get("metadata") or {}
+            obj = {"metadata": {"name": meta.get("name"), "labels": meta.get("labels") or {}},
+                   "status": {"addresses": (obj.get("status") or {}).get("addresses") or []}}
         return {"apiVersion": inf.api_version, "kind": inf.kind, **obj}
 
 

@@ -514,6 +514,30 @@ def test_kernel_error_is_counted_retried_next_period_and_ages_health() -> None:
     assert d.health.body(with_node=True)[0] == 200
 
 
+def test_failed_resyncs_with_nothing_to_do_leave_health_alone_but_unrepaired_drift_ages_it() -> None:
+    """As kube-proxy: /healthz turns 503 when a change waits 2 x syncPeriod, not when periodic
+    resyncs with nothing to do fail. Drift a resync found and could not repair is such a change."""
+    d, backend, source, clock = make(generation=None)  # (no generation: every resync reads)
+    d.health.updated()
+    assert d.step().ok  # type: ignore[union-attr]
+
+    def unreadable() -> dict[str, str]:
+        raise KernelError("nft: netlink: Error: Operation not permitted")
+
+    backend.observe = unreadable  # type: ignore[method-assign]
+    for _ in range(3):
+        clock.advance(SYNC)
+        assert d.step().ok is False  # type: ignore[union-attr]
+        assert d.health.body(with_node=True)[0] == 200
+    del backend.observe
+    backend.tamper(lambda k: k.clear())  # somebody removed our rules...
+    backend.fail = KernelError("nft: Error: Could not process rule")  # ...and we cannot put them back
+    for status in (200, 200, 503):
+        clock.advance(SYNC)
+        assert d.step().ok is False  # type: ignore[union-attr]
+        assert d.health.body(with_node=True)[0] == status
+
+
 def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
     d, backend, source, clock = make()
     d.step()

@@ -42,6 +42,8 @@ def test_nodeport_addresses_per_family_as_kube_proxy_reads_them():
     assert fams(None) == {"ipv4": None, "ipv6": None}  # every local address
     assert fams(("192.168.1.0/24",)) == {"ipv4": ("192.168.1.0/24",), "ipv6": None}  # none named: all
     assert fams(("0.0.0.0/0", "192.168.1.0/24", "fd00::/64")) == {"ipv4": None, "ipv6": ("fd00::/64",)}
+    # loopback is never a NodePort address (as kube-proxy's nftables mode): only loopback, none
+    assert fams(("127.0.0.0/8", "192.168.1.0/24", "::1/128")) == {"ipv4": ("192.168.1.0/24",), "ipv6": ()}
 
 
 def test_no_endpoints_rejects_everywhere():
@@ -98,6 +100,14 @@ def test_health_check_node_port_counts_local_ready():
     state = build(objs)
     assert [h.to_dict() for h in state.healthChecks] == [
         {"service": "default/lb", "nodePort": 32000, "localEndpoints": 2}]
+    # counted by address over all the service's ports, as kube-proxy does: one local pod on
+    # each of two ports is two
+    ports = [{"name": "a", "port": 80, "nodePort": 30001}, {"name": "b", "port": 81, "nodePort": 30002}]
+    objs = [service("lb", "10.96.0.1", ports, type="LoadBalancer", externalTrafficPolicy="Local",
+                    healthCheckNodePort=32000),
+            endpoint_slice("lb", [endpoint("10.244.1.5")], port_name="a"),
+            endpoint_slice("lb", [endpoint("10.244.1.6"), endpoint("10.244.1.5", ready=False)], port_name="b")]
+    assert [h.localEndpoints for h in build(objs).healthChecks] == [2]
 
 
 def test_dual_stack_and_sctp_ports():

@@ -230,6 +230,18 @@ def test_node_labels_are_in_the_snapshot(server: FakeAPIServer, make_source: Any
     assert wait_until(
         lambda: body(src, "Node", NODE)["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-2"  # type: ignore[index]
     )
+    # a status update (heartbeats, conditions: every few seconds) is no change to the proxy
+    before = src.snapshot()
+    heartbeat = node(NODE, {"topology.kubernetes.io/zone": "zone-2"})
+    heartbeat["status"] = {"conditions": [{"type": "Ready", "lastHeartbeatTime": "2026-12-02T01:00:00Z"}]}
+    server.update(heartbeat)
+    server.create(service("after"))  # a change behind it, to know it was seen
+    assert wait_until(lambda: "after" in names(src, "Service"))
+    assert next(o for o in src.snapshot() if o.kind == "Node") is next(o for o in before if o.kind == "Node")
+    moved = node(NODE, {"topology.kubernetes.io/zone": "zone-2"})
+    moved["status"] = {"addresses": [{"type": "InternalIP", "address": "172.30.0.9"}]}
+    server.update(moved)
+    assert wait_until(lambda: body(src, "Node", NODE)["status"]["addresses"] != [])  # type: ignore[index]
 
 
 def test_bookmarks_advance_the_resource_version(server: FakeAPIServer, make_source: Any) -> None:
@@ -299,6 +311,23 @@ def test_gone_relists_and_replaces_the_cache(make_source: Any, gone_mode: str) -
         assert calls.n >= 3  # sync + at least one change per relisted resource
         srv.create(service("e"))  # and the new watch works
         assert wait_until(lambda: "e" in names(src, "Service"))
+        src.stop()
+
+
+def test_a_refused_watch_relists(make_source: Any) -> None:
+    """A watch the server refuses with an error of its own (here 504 "Too large resource
+    version") is not retried from the same resourceVersion for ever: the informer lists again."""
+    with FakeAPIServer(bookmark_interval=None) as srv:
+        populate(srv)
+        src = make_source(srv, backoff_initial=0.01, backoff_max=0.05)
+        assert src.wait_synced(3)
+        rv = src.resource_version("Service")
+        srv.refused_rvs.add(rv)
+        srv.close_watches()  # the next watch starts from the refused resourceVersion
+        assert wait_until(lambda: sum(w["resourceVersion"] == rv for w in srv.watch_requests("Service")) >= 2)
+        srv.create(service("late"))
+        assert wait_until(lambda: "late" in names(src, "Service"))
+        assert len(srv.list_requests("Service")) == 2
         src.stop()
 
 
