@@ -7,6 +7,7 @@ import ipaddress
 import itertools
 import logging
 import operator
+import re
 import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -27,6 +28,10 @@ HEADLESS_LABEL = "service.kubernetes.io/headless"
 # objects carrying either label (whatever its value) are not ours: kube-proxy's informers select
 # `!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`
 SKIP_LABELS = (SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL)
+# names as the API server validates them: they become parts of chain names and comments in the
+# kernel's rules, so anything else (a blank, a quote, a newline) is refused, never written there
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label: namespaces, port names
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # Service names
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 DEFAULT_AFFINITY_TIMEOUT = 10800
@@ -170,11 +175,30 @@ class _Service:
     health_check_node_port: int | None
 
 
+def _check_names(r: _Reader, service_name: bool) -> None:
+    """metadata.namespace a DNS label and (a Service's) metadata.name a DNS-1035 label."""
+    if not _DNS_LABEL.fullmatch(r.obj.namespace):
+        raise r.error(("metadata", "namespace"), f"invalid namespace {r.obj.namespace!r}: a DNS-1123 label "
+                      "(lower-case letters, digits and '-', at most 63) is required")
+    if service_name and not _DNS_1035.fullmatch(r.obj.name):
+        raise r.error(("metadata", "name"), f"invalid Service name {r.obj.name!r}: a DNS-1035 label "
+                      "(a lower-case letter, then letters, digits and '-', at most 63) is required")
+
+
+def _port_name(r: _Reader, path: Path) -> str:
+    name = r.typed(path, str, "")
+    if name and not _DNS_LABEL.fullmatch(name):
+        raise r.error(path, f"invalid port name {name!r}: a DNS-1123 label (lower-case letters, digits and '-', "
+                      "at most 63) is required")
+    return name
+
+
 def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     r = _Reader(obj)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
+    _check_names(r, service_name=True)
     r.typed(("spec",), dict)
     svc_type = r.enum(("spec", "type"), ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"), "ClusterIP")
     if svc_type == "ExternalName":
@@ -208,7 +232,7 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     for i in range(len(raw_ports)):
         base: Path = ("spec", "ports", i)
         r.typed(base, dict)
-        name = r.typed(base + ("name",), str, "")
+        name = _port_name(r, base + ("name",))
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
         port = r.port(base + ("port",))
         node_port = r.port(base + ("nodePort",), required=False) if svc_type != "ClusterIP" else None
@@ -219,6 +243,8 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
             raise r.error(base + ("name",), f"duplicate port name {name!r}")
         names[(name, protocol)] = i
         assert port is not None
+        if any(p.port == port and p.protocol == protocol for p in ports):
+            raise r.error(base + ("port",), f"duplicate port {port}/{protocol}")
         ports.append(_Port(name, protocol, port, node_port))
 
     external_ips: dict[Family, list[str]] = defaultdict(list)
@@ -305,7 +331,10 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     addr_type = r.enum(("addressType",), ("IPv4", "IPv6", "FQDN"), "")
     if addr_type == "FQDN":
         return None
+    _check_names(r, service_name=False)
     service = labels.get(SERVICE_NAME_LABEL)
+    if service is not None and not isinstance(service, str):
+        raise r.error(("metadata", "labels", SERVICE_NAME_LABEL), f"expected string, got {_tname(type(service))}")
     if not service:
         warnings.append(f"{obj.where(('metadata',))}: EndpointSlice {obj.namespace}/{obj.name} has no "
                         f"{SERVICE_NAME_LABEL} label; skipped")
@@ -314,7 +343,7 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     ports = []
     for i, _ in enumerate(r.typed(("ports",), list, [])):
         base: Path = ("ports", i)
-        name = r.typed(base + ("name",), str, "")
+        name = _port_name(r, base + ("name",))
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
         port = r.port(base + ("port",), required=False)
         if port is not None:
@@ -340,6 +369,8 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         serving = _flag(r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
         terminating = _flag(r, cond, "terminating", False, base)
         hints = raw.get("hints") or {}
+        if not isinstance(hints, dict):
+            raise r.error(base + ("hints",), "expected a mapping")
         node_name = raw.get("nodeName")
         zone = raw.get("zone")
         for key, value in (("nodeName", node_name), ("zone", zone)):
@@ -504,7 +535,7 @@ class BuildCache:
         self.ports: dict[str, ServicePort] = {}
         self.sorted_ports: list[ServicePort] = []  # self.ports' values, by id
         self.health: dict[tuple[str, str], HealthCheck] = {}
-        self.nodeports: dict[tuple[str, int], str] = {}
+        self.nodeports: dict[tuple[Any, ...], str] = {}  # see _check_nodeports
         self.families: dict[Family, FamilyOptions] = {}
         self.serial: int | None = None  # of the last document built (see state.PortChanges)
         self.last_added: list[SourceObject] = []  # what the last successful build saw change
@@ -556,6 +587,10 @@ class BuildCache:
                     node_obj = obj
             except InputError as exc:
                 errors.append(exc)
+            except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a shape no check above foresaw
+                log.debug("reading %s %s/%s", obj.kind, obj.namespace, obj.name, exc_info=True)
+                errors.append(InputError(obj.where(()), f"{obj.kind} {obj.namespace}/{obj.name}: unexpected "
+                                         f"value ({type(exc).__name__}: {exc})"))
         if errors:
             raise InputErrors(errors)
 
@@ -604,7 +639,7 @@ class BuildCache:
                 results[key] = _service_ports(svc, [sl for _, sl in svc_slices], node)
             else:
                 results[key] = None
-        nodeports = self._check_nodeports(results)
+        nodeports = self._check_nodeports(results, services)
 
         self.options, self.node_obj, self.node = opts, node_obj, node
         if objects is not None:
@@ -657,27 +692,38 @@ class BuildCache:
                             tuple(health), tuple(sorted(warnings)), serial=serial,
                             changes=PortDelta(since, tuple(gone), tuple(made)))
 
-    def _check_nodeports(self, results: dict[tuple[str, str], Any]) -> dict[tuple[str, int], str]:
-        """Two services on one nodePort would make the kernel state ambiguous: refuse."""
+    def _check_nodeports(self, results: dict[tuple[str, str], Any], services: dict[tuple[str, str], Any]
+                         ) -> dict[tuple[Any, ...], str]:
+        """Two services on one nodePort, or on one ClusterIP and port, would make the kernel
+        state ambiguous (the API server never allows either): refuse, naming both. Kept as
+        owners: (protocol, nodePort) and (clusterIP, protocol, port) -> service port id."""
         owners = dict(self.nodeports)
         for key in results:
             for sp in self.results.get(key, ([], None))[0]:
-                if sp.nodePort is not None and owners.get((sp.protocol, sp.nodePort)) == sp.id:
-                    del owners[(sp.protocol, sp.nodePort)]
+                for k in _claims(sp):
+                    if owners.get(k) == sp.id:
+                        del owners[k]
         errors = []
         for key, result in sorted(results.items()):
-            for sp in (result[0] if result else []):
-                if sp.nodePort is None:
-                    continue
-                k = (sp.protocol, sp.nodePort)
-                if k in owners and owners[k] != sp.id:
-                    errors.append(InputError(f"Service {sp.namespace}/{sp.name}",
-                                             f"nodePort {sp.nodePort}/{sp.protocol} already used by {owners[k]}",
-                                             ("spec", "ports")))
-                owners.setdefault(k, sp.id)
+            for i, sp in enumerate(result[0] if result else []):
+                for k in _claims(sp):
+                    if k in owners and owners[k] != sp.id:
+                        what = f"nodePort {k[1]}/{k[0]}" if len(k) == 2 else f"{k[0]}:{k[2]}/{k[1]}"
+                        field = "nodePort" if len(k) == 2 else "port"
+                        errors.append(InputError(services[key][0].where(("spec", "ports", i, field)),
+                                                 f"{what} already used by {owners[k]}", ("spec", "ports", i, field)))
+                    owners.setdefault(k, sp.id)
         if errors:
             raise InputErrors(errors)
         return owners
+
+
+def _claims(sp: ServicePort) -> list[tuple[Any, ...]]:
+    """What a service port holds alone: its nodePort, and each ClusterIP with its port."""
+    out: list[tuple[Any, ...]] = [(blk.clusterIP, sp.protocol, sp.port) for blk in sp.families]
+    if sp.nodePort is not None:
+        out.append((sp.protocol, sp.nodePort))
+    return out
 
 
 def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions,

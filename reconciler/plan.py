@@ -69,26 +69,44 @@ class Plan:
             groups: dict[str, list[Operation]] = {}
             for op in self.operations:
                 groups.setdefault(op.service or "(shared objects)", []).append(op)
-            shown = 0
+            # each group gets a share of the budget (the shared objects must not use it all up),
+            # and groups past the budget are counted, not headed
+            share = max(5, max_operations // len(groups))
+            shown = omitted = 0
             for name in sorted(groups, key=lambda g: (g != "(shared objects)", g)):
+                ops = groups[name]
+                room = min(share, max_operations - shown)
+                if room <= 0:
+                    omitted += len(ops)
+                    continue
                 lines.append(f"  # {name}")
-                for op in groups[name]:
-                    if shown < max_operations:
-                        lines.append(f"  {op.action} {op.text}")
-                    shown += 1
-            if shown > max_operations:
-                lines.append(f"  ... {shown - max_operations} more (use -o json for all)")
+                lines += [f"  {op.action} {op.text}" for op in ops[:room]]
+                shown += min(room, len(ops))
+                if len(ops) > room:
+                    lines.append(f"    ... {len(ops) - room} more of {name}")
+                    omitted += len(ops) - room
+            if omitted:
+                lines.append(f"  ... {omitted} more in all (use -o json for all)")
             lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)
 
 
-def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]]) -> list[ServiceChange]:
-    """Per service port, what differs between two views ({id: {addresses: [...], endpoints: [...]}})."""
+RULES_ONLY = "~ its rules (traffic policy, session affinity, source ranges...): see its kernel operations"
+
+
+def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]],
+                    touched: frozenset[str] | set[str] = frozenset()) -> list[ServiceChange]:
+    """Per service port, what differs between two views ({id: {addresses: [...], endpoints: [...]}});
+    a port in `touched` (the plan has operations of it) whose views are the same changes in its
+    rules alone."""
     out = []
     for sid in sorted(set(observed) | set(desired)):
         old, new = observed.get(sid), desired.get(sid)
-        action = _action(old, new)
+        action = _action(old, new, sid in touched)
+        if action == "~" and old == new:
+            out.append(ServiceChange(sid, "~", (RULES_ONLY,)))
+            continue
         if action == "+":
             out.append(ServiceChange(sid, "+", _describe(new or {}, "+")))
         elif action == "-":
@@ -98,16 +116,18 @@ def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict
     return out
 
 
-def service_change_counts(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]]) -> Counter[str]:
+def service_change_counts(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]],
+                          touched: frozenset[str] | set[str] = frozenset()) -> Counter[str]:
     """How many service ports service_changes() would list per action, without describing them."""
-    actions = (_action(observed.get(sid), desired.get(sid)) for sid in set(observed) | set(desired))
+    actions = (_action(observed.get(sid), desired.get(sid), sid in touched) for sid in set(observed) | set(desired))
     return Counter(a for a in actions if a is not None)
 
 
-def _action(old: dict[str, Any] | None, new: dict[str, Any] | None) -> str | None:
-    """"+", "-" or "~" for a service port's views before and after; None when they are equal."""
+def _action(old: dict[str, Any] | None, new: dict[str, Any] | None, touched: bool = False) -> str | None:
+    """"+", "-" or "~" for a service port's views before and after; None when they are equal
+    (unless the plan touches its rules: "~")."""
     if old == new:
-        return None
+        return "~" if touched and old is not None else None
     return "+" if old is None else "-" if new is None else "~"
 
 

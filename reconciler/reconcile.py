@@ -73,7 +73,7 @@ class Planned:
             return
         views = self._views(backend)
         if views:
-            self.plan.services = service_changes(*views)
+            self.plan.services = service_changes(*views, self._touched())
         self.described = True
 
     def count_services(self, backend: Any) -> Counter[str]:
@@ -87,7 +87,7 @@ class Planned:
         for i in range(0, len(touched), COUNT_CHUNK):
             part = set(touched[i:i + COUNT_CHUNK])
             counts += service_change_counts(backend.service_view(self.observed_model, part),
-                                            backend.service_view(self.desired_model, part))
+                                            backend.service_view(self.desired_model, part), part)
         return counts
 
     @property

@@ -163,6 +163,8 @@ def _load_all_events(text: str) -> list[Any]:
                 raise Unsupported("complex mapping key")
             if value == "<<":
                 raise Unsupported("merge key")
+            if value in container:  # ruamel.yaml's loader names the place (kubectl refuses it too)
+                raise Unsupported("duplicate key")
             frame[1] = intern(value) if isinstance(value, str) else value  # keys repeat: share them
         else:
             container[frame[1]] = value

@@ -169,13 +169,14 @@ def _load_yaml(text: str, share_keys: bool = False) -> list[Any]:
         return list(YAML(typ="safe", pure=True).load_all(text))
 
 
-def _expand(doc: Any) -> Iterable[tuple[Path, Any]]:
-    """Yield (path within the document, object) for a document or a kind: List."""
+def _expand(doc: Any, at: Path = ()) -> Iterable[tuple[Path, Any]]:
+    """Yield (path within the document, object) for a document or a kind: List (Lists inside
+    Lists too)."""
     if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list):
         for i, item in enumerate(doc["items"]):
-            yield ("items", i), item
+            yield from _expand(item, (*at, "items", i))
     else:
-        yield (), doc
+        yield at, doc
 
 
 def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, obj: Any,
@@ -186,6 +187,9 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
     if not isinstance(obj, dict):
         raise InputError(locate(()), f"expected a Kubernetes object (a mapping), got {type(obj).__name__}")
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    for key, value in (("apiVersion", api_version), ("kind", kind)):
+        if value is not None and not isinstance(value, str):
+            raise InputError(locate((key,)), f"expected string, got {type(value).__name__}", (key,))
     if kind in _IGNORED_QUIETLY:
         return
     if (api_version, kind) not in _ACCEPTED:

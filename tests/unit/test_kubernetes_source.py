@@ -327,7 +327,7 @@ def test_a_refused_watch_relists(make_source: Any) -> None:
         assert wait_until(lambda: sum(w["resourceVersion"] == rv for w in srv.watch_requests("Service")) >= 2)
         srv.create(service("late"))
         assert wait_until(lambda: "late" in names(src, "Service"))
-        assert len(srv.list_requests("Service")) == 2
+        assert len(srv.list_requests("Service")) >= 2  # relisted (again, while the list's version is refused)
         src.stop()
 
 

@@ -294,3 +294,27 @@ def test_a_plan_made_against_a_given_model_is_not_vouched_for() -> None:
     assert planned.observed_at is None
     apply(backend, planned)
     assert backend.reads == 1 and planned.verified_by == "read"
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_change_to_rules_alone_is_a_changed_service_port_in_the_plan(mode: str) -> None:
+    """Source ranges, affinity or traffic policy changed, addresses and endpoints the same: the
+    plan still names the service port as changed (not "0 to change" beside kernel operations)."""
+    from reconciler.backends import get_backend
+
+    def state(**spec: Any) -> Any:
+        return build([service("web", "10.96.0.10", [{"name": "http", "port": 80}], **spec),
+                      endpoint_slice("web", [endpoint("10.244.1.5")])])
+
+    before = get_backend(mode).render(state(sessionAffinity="ClientIP",
+                                            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 600}}))
+    backend = get_backend(mode)
+    planned = make_plan(backend, state(sessionAffinity="ClientIP",
+                                       sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}}),
+                        observed_model=before, other_mode=False)
+    assert planned.plan.operations
+    assert [(s.action, s.service) for s in planned.plan.services] == [("~", "default/web:http/TCP")]
+    undescribed = make_plan(backend, state(sessionAffinity="ClientIP",
+                                           sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}}),
+                            observed_model=before, other_mode=False, describe=False)
+    assert undescribed.count_services(backend) == {"~": 1}  # (the run loop's count)

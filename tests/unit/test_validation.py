@@ -74,3 +74,59 @@ def test_all_errors_reported_together(tmp_path):
         ip="10.96.0.2", port=0, proto="TCP").replace("name: web", "name: web2")
     msg = errors_for(tmp_path, text)
     assert "invalid IP address 'bogus'" in msg and "port 0 out of range" in msg
+
+
+def test_names_the_kernel_would_see_must_be_dns_labels(tmp_path):
+    """Names become parts of chain names and rule comments: a quote or a newline in one must be
+    refused at its place, never written into a kernel transaction."""
+    evil = '"a\\"\\n-I PREROUTING 1 -j ACCEPT"'
+    text = BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace("name: web", f"name: {evil}")
+    msg = errors_for(tmp_path, text)
+    assert "svc.yaml:4:3: metadata.name: invalid Service name" in msg
+    msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace("name: http", 'name: "web app"'))
+    assert "svc.yaml:9:7: spec.ports[0].name: invalid port name 'web app'" in msg
+    msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace("namespace: default",
+                                                                                          "namespace: Shop"))
+    assert "svc.yaml:5:3: metadata.namespace: invalid namespace 'Shop'" in msg
+
+
+def test_one_cluster_ip_port_is_one_service_port(tmp_path):
+    two_ports = BASE.format(ip="10.96.0.1", port=80, proto="TCP") + "    - name: http2\n      port: 80\n"
+    assert "svc.yaml:13:7: spec.ports[1].port: duplicate port 80/TCP" in errors_for(tmp_path, two_ports)
+    other = BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace("name: web", "name: zzz")
+    with open(os.path.join(tmp_path, "zzz.yaml"), "w") as fh:
+        fh.write(other)
+    msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=80, proto="TCP"))
+    assert "zzz.yaml:10:7: spec.ports[0].port: 10.96.0.1:80/TCP already used by default/web:http/TCP" in msg
+
+
+def test_odd_shapes_are_errors_at_their_place_not_crashes(tmp_path):
+    slice_ = """apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {svc}}}
+addressType: IPv4
+endpoints:
+  - addresses: [10.244.1.5]
+    hints: {hints}
+"""
+    assert "svc.yaml:10:5: endpoints[0].hints: expected a mapping" in errors_for(
+        tmp_path, slice_.format(svc="web", hints="[zone-a]"))
+    assert "labels.kubernetes.io/service-name: expected string, got list" in errors_for(
+        tmp_path, slice_.format(svc="[web]", hints="{}"))
+    msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace("kind: Service",
+                                                                                          "kind: [Service]"))
+    assert "svc.yaml:2:1: kind: expected string, got list" in msg
+
+
+def test_lists_inside_lists_are_read(tmp_path):
+    inner = BASE.format(ip="10.96.0.1", port=70000, proto="TCP").replace("\n", "\n      ")
+    text = f"apiVersion: v1\nkind: List\nitems:\n  - apiVersion: v1\n    kind: List\n    items:\n    - {inner}"
+    assert "spec.ports[0].port: port 70000 out of range" in errors_for(tmp_path, text)
+
+
+def test_a_duplicate_key_is_an_error_at_its_line(tmp_path):
+    text = BASE.format(ip="10.96.0.1", port=80, proto="TCP") + "      port: 8080\n"
+    assert 'svc.yaml:12:7: invalid YAML: found duplicate key "port"' in errors_for(tmp_path, text)
