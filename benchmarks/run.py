@@ -13,7 +13,7 @@ resync: while nobody else commits (the ruleset generation vouches for the kernel
 right after somebody else's commit (it reads the kernel back; against the read floor).
 Beside each figure it prints the floor measured in the same run: the kernel tool alone doing the
 same work on exactly the input we generate. Cold apply: `nft -f` / `iptables-restore` of our
-ruleset into an empty namespace (load). Plan: `nft list table` of each of our tables / one
+ruleset into an empty namespace (load); cold apply and load are medians of three, taken in turn. Plan: `nft list table` of each of our tables / one
 `iptables-save` per family of what our apply programmed (read); the no-op plan and the read are
 medians of three, taken in turn. A change (apply, `run`): the tool's own time for our
 transaction, which the commands log with -v, plus (apply) the read before planning. Apply
@@ -175,12 +175,26 @@ def add_service(state_dir: str, endpoints: int, index: int) -> str:
 READ_SAMPLES = 3  # no-op plan and read floor: medians, each plan followed by a read (the machine is noisy)
 
 
-def bench_cli(state_dir: str, mode: str, services: int, endpoints: int) -> dict[str, Any]:
+COLD_SAMPLES = 3  # cold apply and load floor: medians, taken in turn (the kernel's own noise is ~±15%)
+
+
+def cold_apply(state_dir: str, mode: str) -> float:
+    """One more cold apply, into a namespace of its own (bench_cli's is the last sample)."""
+    ns = Netns("cold")
+    try:
+        return measure(ns, reconciler("apply", "--source", state_dir, "--mode", mode, *FLAGS))[0]
+    finally:
+        ns.close()
+
+
+def bench_cli(state_dir: str, mode: str, services: int, endpoints: int,
+              earlier_colds: list[float] | None = None) -> dict[str, Any]:
     ns = Netns("cli")
     f: dict[str, Any] = {}
     common = ["--source", state_dir, "--mode", mode, *FLAGS]
     try:
-        f["cold apply"], f["cold apply RSS MiB"], _ = measure(ns, reconciler("apply", *common))
+        cold, f["cold apply RSS MiB"], _ = measure(ns, reconciler("apply", *common))
+        f["cold apply"] = statistics.median([*(earlier_colds or []), cold])
         plans, reads = [], []
         for _ in range(READ_SAMPLES):
             plans.append(measure(ns, reconciler("plan", *common), expect=0)[0])
@@ -462,9 +476,13 @@ def main() -> None:
             generate(state, s, e)
             print(f"== {size} {mode}", file=sys.stderr, flush=True)
             scripts = kernel_script(state, mode)
-            load = load_floor(mode, scripts)
-            figs = bench_cli(state, mode, s, e)
-            figs["floor: load"] = load
+            loads, colds = [], []
+            for _ in range(COLD_SAMPLES - 1):
+                loads.append(load_floor(mode, scripts))
+                colds.append(cold_apply(state, mode))
+            loads.append(load_floor(mode, scripts))
+            figs = bench_cli(state, mode, s, e, colds)
+            figs["floor: load"] = statistics.median(loads)
             rows.append(Row(size, mode, figs))
             print_row(rows[-1], file=sys.stderr)
     print_table(rows)
