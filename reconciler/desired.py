@@ -236,6 +236,9 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
         port = r.port(base + ("port",))
         node_port = r.port(base + ("nodePort",), required=False) if svc_type != "ClusterIP" else None
+        if node_port is not None and not 30000 <= node_port <= 32767:
+            warnings.append(f"{obj.where(base + ('nodePort',))}: nodePort {node_port} is outside the API server's "
+                            "default range 30000-32767: it takes that port on every node address it answers on")
         r.typed(base + ("targetPort",), (int, str))
         if len(raw_ports) > 1 and not name:
             raise r.error(base + ("name",), "is required when a Service has more than one port")
