@@ -207,6 +207,9 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     paths: list[Path]
     if ips:
         paths = [("spec", "clusterIPs", i) for i in range(len(ips))]
+        single = r.get(("spec", "clusterIP"))
+        if single is not None and single != ips[0]:  # the API server keeps the two in step
+            raise r.error(("spec", "clusterIP"), f"{single!r} is not clusterIPs[0] ({ips[0]!r})")
     elif r.get(("spec", "clusterIP")) is not None:
         paths = [("spec", "clusterIP")]
     else:
@@ -236,6 +239,8 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
         port = r.port(base + ("port",))
         node_port = r.port(base + ("nodePort",), required=False) if svc_type != "ClusterIP" else None
+        if svc_type == "ClusterIP" and r.get(base + ("nodePort",)) is not None:
+            raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
         if node_port is not None and not 30000 <= node_port <= 32767:
             warnings.append(f"{obj.where(base + ('nodePort',))}: nodePort {node_port} is outside the API server's "
                             "default range 30000-32767: it takes that port on every node address it answers on")
@@ -365,6 +370,10 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         if ip is None or ip_family(ip) != family:
             ip = r.ip(base + ("addresses", 0), addrs[0])  # raises naming the place if invalid
             raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
+        for j in range(1, len(addrs)):  # (the others, unused, must still be of the slice's type)
+            other = r.ip(base + ("addresses", j), addrs[j])
+            if ip_family(other) != family:
+                raise r.error(base + ("addresses", j), f"{other} is not an {addr_type} address")
         cond = raw.get("conditions") or {}
         if not isinstance(cond, dict):
             raise r.error(base + ("conditions",), "expected a mapping")

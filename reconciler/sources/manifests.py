@@ -143,6 +143,7 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
     try:
         if path.endswith(".json"):
+            text = text.removeprefix("\ufeff")  # a byte order mark, as YAML files may have too
             return [json.loads(text)] if text.strip() else []
         return _load_yaml(text, share_keys)
     except json.JSONDecodeError as exc:
@@ -199,6 +200,9 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
         result.warnings.append(f"{locate(())}: skipping unsupported kind {api_version}/{kind}")
         return
     meta = obj.get("metadata")
+    if isinstance(meta, dict) and meta.get("name") is not None and not isinstance(meta["name"], str):
+        raise InputError(locate(("metadata", "name")), f"expected string, got {type(meta['name']).__name__}",
+                         ("metadata", "name"))
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise InputError(locate(("metadata",)), "metadata.name is required", ("metadata", "name"))
     namespace = "" if kind == "Node" else meta.get("namespace") or "default"

@@ -130,3 +130,29 @@ def test_lists_inside_lists_are_read(tmp_path):
 def test_a_duplicate_key_is_an_error_at_its_line(tmp_path):
     text = BASE.format(ip="10.96.0.1", port=80, proto="TCP") + "      port: 8080\n"
     assert 'svc.yaml:12:7: invalid YAML: found duplicate key "port"' in errors_for(tmp_path, text)
+
+
+def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
+    base = BASE.format(ip="10.96.0.1", port=80, proto="TCP")
+    msg = errors_for(tmp_path, base.replace("      protocol: TCP", "      protocol: TCP\n      nodePort: 30080"))
+    assert "svc.yaml:12:7: spec.ports[0].nodePort: a ClusterIP Service has no nodePort" in msg
+    msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.2]"))
+    assert "svc.yaml:7:3: spec.clusterIP: '10.96.0.1' is not clusterIPs[0] ('10.96.0.2')" in msg
+    msg = errors_for(tmp_path, base.replace("name: web", "name: 123"))
+    assert "svc.yaml:4:3: metadata.name: expected string, got int" in msg
+    eps = """apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints:
+  - addresses: [10.244.1.5, "fd00::5"]
+"""
+    assert "svc.yaml:6:29: endpoints[0].addresses[1]: fd00::5 is not an IPv4 address" in errors_for(tmp_path, eps)
+
+
+def test_a_json_file_may_start_with_a_byte_order_mark(tmp_path):
+    with open(os.path.join(tmp_path, "svc.json"), "w", encoding="utf-8-sig") as fh:
+        fh.write('{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},'
+                 ' "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80}]}}')
+    state = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
+    assert [s.id for s in state.services] == ["default/web:http/TCP"]
