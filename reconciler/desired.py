@@ -336,6 +336,8 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None
+    if r.get(("addressType",)) is None:
+        raise r.error(("addressType",), "is required (IPv4, IPv6 or FQDN)")
     addr_type = r.enum(("addressType",), ("IPv4", "IPv6", "FQDN"), "")
     if addr_type == "FQDN":
         return None
@@ -365,7 +367,8 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
             raise r.error(base, "expected a mapping")
         addrs = raw.get("addresses")
         if not isinstance(addrs, list) or not addrs:
-            raise r.error(base + ("addresses",), "an endpoint needs at least one address")
+            raise r.error(base + ("addresses",), "an endpoint needs at least one address" if isinstance(addrs, list)
+                          or addrs is None else f"expected a list of addresses, got {_tname(type(addrs))}")
         ip = normalize_ip(addrs[0])  # kube-proxy uses the first address only
         if ip is None or ip_family(ip) != family:
             ip = r.ip(base + ("addresses", 0), addrs[0])  # raises naming the place if invalid

@@ -156,3 +156,16 @@ def test_a_json_file_may_start_with_a_byte_order_mark(tmp_path):
                  ' "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80}]}}')
     state = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
     assert [s.id for s in state.services] == ["default/web:http/TCP"]
+
+
+def test_messages_say_what_is_wrong(tmp_path):
+    eps = """apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+ADDRESS_TYPE
+endpoints:
+  - addresses: 10.244.1.5
+"""
+    assert "endpoints[0].addresses: expected a list of addresses, got string" in errors_for(
+        tmp_path, eps.replace("ADDRESS_TYPE", "addressType: IPv4"))
+    assert "addressType: is required (IPv4, IPv6 or FQDN)" in errors_for(tmp_path, eps.replace("ADDRESS_TYPE\n", ""))
