@@ -21,6 +21,7 @@ from .config import Options
 from .desired import build_desired_state
 from .plan import Plan, service_change_counts, service_changes
 from .sources.manifests import load_directory
+from .sources.objects import InputErrors
 from .state import DesiredState
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,16 @@ log = logging.getLogger(__name__)
 def load_desired(source: str, options: Options, pool: Executor | None = None) -> DesiredState:
     """Read a manifest directory into the canonical document (raises InputError(s)); a process
     pool, when given, parses part of the files."""
-    loaded = load_directory(source, pool)
+    try:
+        loaded = load_directory(source, pool)
+    except InputErrors as exc:  # the objects that did load are checked too: all errors at once
+        partial = getattr(exc, "loaded", None)
+        if partial is not None:
+            try:
+                build_desired_state(partial.objects, options.build_options())
+            except InputErrors as more:
+                raise InputErrors(exc.errors + more.errors) from None
+        raise
     desired = build_desired_state(loaded.objects, options.build_options())
     for w in (*loaded.warnings, *desired.warnings):
         log.warning("%s", w)

@@ -246,7 +246,9 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
         result.warnings.extend(part.warnings)
     errors.extend(duplicate_errors(result.objects))
     if errors:
-        raise InputErrors(errors)
+        failed = InputErrors(errors)
+        failed.loaded = result  # type: ignore[attr-defined]  # what did load (see reconcile.load_desired)
+        raise failed
     return result
 
 

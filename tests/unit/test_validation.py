@@ -169,3 +169,16 @@ endpoints:
     assert "endpoints[0].addresses: expected a list of addresses, got string" in errors_for(
         tmp_path, eps.replace("ADDRESS_TYPE", "addressType: IPv4"))
     assert "addressType: is required (IPv4, IPv6 or FQDN)" in errors_for(tmp_path, eps.replace("ADDRESS_TYPE\n", ""))
+
+
+def test_a_syntax_error_in_one_file_does_not_hide_the_errors_of_the_others(tmp_path):
+    from reconciler.config import Options
+    from reconciler.reconcile import load_desired
+
+    with open(os.path.join(tmp_path, "a.yaml"), "w") as fh:
+        fh.write("apiVersion: v1\nkind: Service\nmetadata: {name: [\n")
+    with open(os.path.join(tmp_path, "b.yaml"), "w") as fh:
+        fh.write(BASE.format(ip="10.96.0.1", port=70000, proto="TCP"))
+    with pytest.raises(InputErrors) as exc:
+        load_desired(str(tmp_path), Options(node_name="node-a"))
+    assert [e.location.origin.rsplit("/", 1)[1] for e in exc.value.errors] == ["a.yaml", "b.yaml"]
