@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a manifest directory (watched) or 'kubernetes' (list+watch the API)")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: in-cluster)")
     p.add_argument("--sync-period", metavar="DURATION", help="full resync (kernel re-read) period (default 30s)")
-    p.add_argument("--min-sync-period", metavar="DURATION", help="minimum time between syncs (default 1s)")
+    p.add_argument("--min-sync-period", metavar="DURATION", help="pace of syncs after a burst of two (default 1s)")
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
     p.add_argument("--metrics-bind-address", metavar="HOST:PORT", help="/metrics (default 127.0.0.1:10249)")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")

@@ -51,6 +51,8 @@ from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
 
+BURST_SYNCS = 2  # syncs that may follow each other at once before min_sync_period paces them (kube-proxy's)
+
 Key = tuple[str, str, str]
 
 
@@ -213,7 +215,9 @@ class Daemon:
         self._wake = threading.Event()
         self._dirty = True  # the first sync reads the source
         self._need_full = True
-        self._last_sync = -math.inf  # monotonic start of the last sync attempt
+        # syncs are paced as kube-proxy's BoundedFrequencyRunner paces them: a bucket of
+        # BURST_SYNCS tokens, one per sync, refilled at one per min_sync_period
+        self._tokens, self._tokens_at = float(BURST_SYNCS), -math.inf
         self._last_full = -math.inf
         self.desired: DesiredState | None = None  # last good desired state
         self.applied_desired: DesiredState | None = None
@@ -256,7 +260,7 @@ class Daemon:
             return None, 1.0  # no sync with a half-listed cache; notify() wakes us when synced
         with self._lock:
             dirty = self._dirty
-        earliest = self._last_sync + self.opts.min_sync_period
+        earliest = self._next_token_at(now)
         full_at = max(self._last_full + self.opts.sync_period, earliest)
         full = self._need_full or self.applied_model is None or now >= full_at
         if dirty:
@@ -266,6 +270,17 @@ class Daemon:
         if now >= full_at:
             return "full", 0.0
         return None, full_at - now
+
+    def _tokens_now(self, now: float) -> float:
+        period = self.opts.min_sync_period
+        if period <= 0 or self._tokens_at == -math.inf:
+            return float(BURST_SYNCS)
+        return min(float(BURST_SYNCS), self._tokens + (now - self._tokens_at) / period)
+
+    def _next_token_at(self, now: float) -> float:
+        """When the next sync may start: now if a token is left, else when one has refilled."""
+        tokens = self._tokens_now(now)
+        return now if tokens >= 1.0 else now + (1.0 - tokens) * self.opts.min_sync_period
 
     def step(self) -> SyncReport | None:
         kind, _ = self.due()
@@ -417,7 +432,7 @@ class Daemon:
         with self._lock:
             was_dirty, self._dirty = self._dirty, False
         full = kind == "full"
-        self._last_sync = start
+        self._tokens, self._tokens_at = self._tokens_now(start) - 1.0, start
         if full:
             self._last_full = start
         if self.source is not None and (was_dirty or full or self.desired is None):
