@@ -16,6 +16,7 @@ from sys import intern
 from typing import Any
 
 from ruamel.yaml import events as ev
+from ruamel.yaml.error import MarkedYAMLError
 
 try:
     from _ruamel_yaml import CParser  # ruamel.yaml.clib
@@ -29,6 +30,11 @@ except ImportError:  # pragma: no cover - a dependency; without it the event par
 
 class Unsupported(Exception):
     pass
+
+
+class AmbiguousNumber(MarkedYAMLError):
+    """An integer with a leading zero (`0120`) that YAML 1.1 readers such as kubectl's read as
+    octal (80) or as a string (`089`), and YAML 1.2 as decimal (120): refused, never guessed."""
 
 
 _INT = re.compile(r"[-+]?[0-9]+$")
@@ -45,6 +51,8 @@ def _plain(value: str) -> Any:
     c = value[0]
     if c.isdigit() or c in "-+.":
         if _INT.match(value):
+            if _LEADING_ZERO.match(value) and _yaml11_int(value) != int(value):
+                raise _Ambiguous(value)
             return int(value)
         if _FLOAT.match(value):
             return float(value)
@@ -54,6 +62,19 @@ def _plain(value: str) -> Any:
 
 
 _RADIX = re.compile(r"[-+]?0[xXoObB]")
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9]")
+
+
+class _Ambiguous(Exception):
+    pass
+
+
+def _yaml11_int(value: str) -> int | str:
+    """What a YAML 1.1 reader makes of a plain integer with a leading zero: octal, else a string."""
+    try:
+        return int(value, 8)
+    except ValueError:
+        return value
 
 
 # A document start alone on its line ("---", maybe a comment after it), and any line that starts
@@ -70,7 +91,8 @@ _CONTENT_LINE = re.compile(r"^[ \t]*[^ \t\r\n#]", re.M)
 # ".Nan"). The patterns may also match harmless text: that text just takes the slower path.
 _BAD_CHARS = re.compile(r"[^\n\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]|[\ufeff\x85\u2028\u2029]")
 _SUSPECT = re.compile(r"^[ -]*\?(?:[ \n]|$)|(?:^[ -]*|[{,\[] *)[\[{][^\n]*?[}\]] *:(?:[ \n]|$)"
-                      r"|(?:^[ -]*|[:,\[] *)[+-]?(?:_|0[xXoObB]|\.[A-Za-z])", re.M)
+                      r"|(?:^[ -]*|[:,\[] *)[+-]?(?:_|0[xXoObB]|\.[A-Za-z])"
+                      r"|(?:^[ -]*|[:,\[] *)[+-]?0[0-9]+ *(?:$|[,\]}#])", re.M)
 
 
 def _declines(text: str) -> bool:
@@ -85,7 +107,8 @@ def _declines(text: str) -> bool:
         return True
     low = text.lower()
     if ("?" in text or "_" in text or "]:" in text or "}:" in text or " :" in text
-            or "0x" in low or "0o" in low or "0b" in low or ".inf" in low or ".nan" in low):
+            or "0x" in low or "0o" in low or "0b" in low or ".inf" in low or ".nan" in low
+            or ": 0" in text or "- 0" in text or "[0" in text or ", 0" in text):
         return _SUSPECT.search(text) is not None
     return False
 
@@ -176,7 +199,12 @@ def _load_all_events(text: str) -> list[Any]:
         if t is ev.ScalarEvent:
             if e.tag is not None:
                 raise Unsupported(e.tag)
-            value = _plain(e.value) if e.style in ("", None) and e.implicit[0] else e.value
+            try:
+                value = _plain(e.value) if e.style in ("", None) and e.implicit[0] else e.value
+            except _Ambiguous:
+                raise AmbiguousNumber(problem=f"{e.value} is {_yaml11_int(e.value)!r} to YAML 1.1 readers such as "
+                                      f"kubectl and {int(e.value)} in YAML 1.2: write it without the leading zero",
+                                      problem_mark=e.start_mark) from None
             if e.anchor:
                 anchors[e.anchor] = value
             add(value)

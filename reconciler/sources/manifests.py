@@ -160,6 +160,8 @@ def _load_yaml(text: str, share_keys: bool = False) -> list[Any]:
     """Fast path first; ruamel.yaml's loaders have the final word (and the precise error marks)."""
     try:
         return fastyaml.load_all(text, share_keys)
+    except fastyaml.AmbiguousNumber:
+        raise
     except (fastyaml.Unsupported, YAMLError):
         pass
     try:

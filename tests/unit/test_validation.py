@@ -182,3 +182,10 @@ def test_a_syntax_error_in_one_file_does_not_hide_the_errors_of_the_others(tmp_p
     with pytest.raises(InputErrors) as exc:
         load_desired(str(tmp_path), Options(node_name="node-a"))
     assert [e.location.origin.rsplit("/", 1)[1] for e in exc.value.errors] == ["a.yaml", "b.yaml"]
+
+
+def test_an_integer_with_a_leading_zero_is_refused_not_guessed(tmp_path):
+    """kubectl (YAML 1.1) reads `0120` as octal 80, YAML 1.2 as 120: the same file must not mean
+    one port in the cluster and another on an edge node."""
+    msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port="0120", proto="TCP"))
+    assert "svc.yaml:10:13: invalid YAML: 0120 is 80 to YAML 1.1 readers such as kubectl and 120 in YAML 1.2" in msg
