@@ -239,10 +239,10 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
         port = r.port(base + ("port",))
         node_port = r.port(base + ("nodePort",), required=False) if svc_type != "ClusterIP" else None
-        if svc_type == "ClusterIP" and r.get(base + ("nodePort",)) is not None:
+        if svc_type == "ClusterIP" and r.get(base + ("nodePort",)) not in (None, 0):  # (0: unset, to the API)
             raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
         if node_port is not None and not 30000 <= node_port <= 32767:
-            warnings.append(f"{obj.where(base + ('nodePort',))}: nodePort {node_port} is outside the API server's "
+            warnings.append(f"{obj.location}: spec.ports[{i}].nodePort: {node_port} is outside the API server's "
                             "default range 30000-32767: it takes that port on every node address it answers on")
         r.typed(base + ("targetPort",), (int, str))
         if len(raw_ports) > 1 and not name:
@@ -476,21 +476,20 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
             external = TrafficPath("drop", (), policy, short)
 
     # Hairpin (a pod reaching itself through its service, masqueraded so that the answer does
-    # not come from itself) starts on this node for its own pods, on any path; and for pods of
-    # any node on the pod short-circuit of ETP Local (a pod elsewhere reaching this node's
-    # NodePort or LB IP may be sent back to itself; kube-proxy masquerades every endpoint's own
-    # traffic to it). Other remote pods never have their service traffic DNATed here.
+    # not come from itself), for this node's own pods on any path. (A pod of another node can
+    # be sent back to itself only by the ETP Local pod short-circuit: the renderers cover that
+    # from external.shortCircuit.)
     local = [e for e in eps if e.node is None or e.node == node.name]
-    paths = [internal] + ([external] if external else [])
-    used = {(x.ip, x.port) for p in paths for x in (*p.endpoints, *p.shortCircuit)}
-    hairpin = [Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used]
-    if external is not None:
-        hairpin += external.shortCircuit
+    hairpin: tuple[Endpoint, ...] = ()
+    if local:
+        paths = [internal] + ([external] if external else [])
+        used = {(x.ip, x.port) for p in paths for x in (*p.endpoints, *p.shortCircuit)}
+        hairpin = tuple(Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used)
     block = ServicePortFamily(
         family=family, clusterIP=svc.cluster_ips[family], internal=internal, external=external,
         externalIPs=ext_ips, loadBalancerIPs=lb_ips,
         loadBalancerSourceRanges=_source_ranges(svc.source_ranges.get(family, ()), lb_ips, node, family),
-        hairpinEndpoints=tuple(sorted(set(hairpin), key=lambda e: (_ip_key(e.ip), e.port))),
+        hairpinEndpoints=tuple(sorted(hairpin, key=lambda e: (_ip_key(e.ip), e.port))),
     )
     return block, {e.ip for e in eps if e.ready and e.node == node.name}  # (its ready local endpoints)
 

@@ -198,15 +198,17 @@ class KubernetesSource:
     def _run(self, inf: _Informer) -> None:
         need_list = True
         failures = 0
+        refused = False  # the last relist was for a refused watch: its success does not reset the backoff
         while not self._stop.is_set():
             progressed = [False]
             try:
                 if need_list:
                     self._list(inf)
                     need_list = False
-                    failures = 0
+                    if not refused:
+                        failures = 0
                 self._watch(inf, progressed)
-                failures = 0
+                failures, refused = 0, False
             except _Gone:
                 if self._stop.is_set():
                     break
@@ -218,8 +220,8 @@ class KubernetesSource:
             except _Refused as exc:
                 if self._stop.is_set():
                     break
-                need_list = True
-                failures = self._error(inf, f"{exc}; relisting", failures)
+                need_list, refused = True, True
+                failures = self._error(inf, f"{exc}; relisting", 0 if progressed[0] else failures)
             except Exception as exc:  # noqa: BLE001 - any failure: back off and retry
                 if self._stop.is_set():
                     break
@@ -248,7 +250,7 @@ class KubernetesSource:
         except ApiException as exc:
             if exc.status == 410:
                 raise _Gone(str(exc)) from exc
-            if exc.status not in (None, 0, 429, 500):  # (too many requests, internal error: watch again)
+            if exc.status not in (None, 0, 429, 500, 503, 504):  # (overloaded or failing server: watch again)
                 raise _Refused(f"HTTP {exc.status}: {exc.reason}") from exc
             raise
 
@@ -378,11 +380,15 @@ class KubernetesSource:
     @staticmethod
     def _normalize(inf: _Informer, obj: dict[str, Any]) -> dict[str, Any]:
         """List items lack apiVersion/kind; add them like `kubectl get -o json` does. Of a Node
-        only what the proxy reads is kept (its name, labels and addresses): its status changes
-        every few seconds, and kube-proxy too syncs on a Node's labels changing only."""
+        only what the proxy reads is kept (its name, labels and addresses; its deletion and
+        taints for /healthz's node eligibility): its status changes every few seconds, and
+        kube-proxy too syncs on a Node's labels changing only."""
         if inf.kind == "Node":
             meta = obj.get("metadata") or {}
-            obj = {"metadata": {"name": meta.get("name"), "labels": meta.get("labels") or {}},
+            kept = {"name": meta.get("name"), "labels": meta.get("labels") or {}}
+            if meta.get("deletionTimestamp"):
+                kept["deletionTimestamp"] = meta["deletionTimestamp"]
+            obj = {"metadata": kept, "spec": {"taints": (obj.get("spec") or {}).get("taints") or []},
                    "status": {"addresses": (obj.get("status") or {}).get("addresses") or []}}
         return {"apiVersion": inf.api_version, "kind": inf.kind, **obj}
 

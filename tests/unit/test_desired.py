@@ -204,5 +204,6 @@ def test_document_validates_against_schema():
 def test_a_nodeport_outside_the_api_servers_range_is_warned_about():
     svc = service("ssh", "10.96.0.9", [{"name": "ssh", "port": 22, "nodePort": 22}], type="NodePort")
     state = build([svc])
-    assert any("nodePort 22 is outside the API server's default range 30000-32767" in w for w in state.warnings)
+    assert any("spec.ports[0].nodePort: 22 is outside the API server's default range 30000-32767" in w
+               for w in state.warnings)
     assert only(state, "default/ssh:ssh/TCP").nodePort == 22  # (programmed all the same, as asked)

@@ -10,7 +10,8 @@ nat table
   RECONCILER-SVC-<hash>   ClusterIP traffic of one service port: masquerade non-pod sources, then
                           pick an endpoint (`-m recent` affinity, `-m statistic` cascade that DNATs
                           directly, or jumps to the endpoint's SEP chain when it has one)
-  RECONCILER-EXT-<hash>   external traffic (nodePort, externalIPs, LB IPs) of one service port
+  RECONCILER-EXT-<hash>   external traffic (nodePort, externalIPs, LB IPs) of one service port (ETP
+                          Local: traffic from a remote endpoint pod is masqueraded: it may hairpin)
   RECONCILER-FW-<hash>    LB IP traffic from loadBalancerSourceRanges -> EXT; the rest falls through
                           un-DNATed (entered with -g) and is dropped by RECONCILER-FIREWALL
   RECONCILER-SEP-<hash>   one endpoint of one service port, ONLY when something must happen once that
@@ -350,6 +351,11 @@ class _Builder:
         else:
             short = external.shortCircuit
             if short:
+                if self.opts.clusterCIDRs:  # a pod of another node may be sent back to itself: its
+                    # traffic here is masqueraded whichever endpoint it gets (rules, not a chain
+                    # per endpoint; this node's own pods have theirs, see _sep)
+                    rules += [("-s", self.fam.host(ep.ip), *_comment(sid), "-j", MARK_MASQ)
+                              for ep in short if ep not in blk.hairpinEndpoints]
                 for c in self.opts.clusterCIDRs:
                     rules += self._select(name, sp, blk, short, ("-s", cidr(c)))
                 local = ("-m", "addrtype", "--src-type", "LOCAL")

@@ -249,7 +249,10 @@ class _Builder:
         proto = sp.protocol.lower()
         tag = sp.id[:128]
         self.cluster_ips[blk.clusterIP] = (None, None)
-        for ep in blk.hairpinEndpoints:
+        # this node's pods, and those of any node the ETP Local pod short-circuit may send back
+        # to themselves (one element each: exact, as kube-proxy's per-endpoint masquerade)
+        short = blk.external.shortCircuit if blk.external is not None and self.opts.clusterCIDRs else ()
+        for ep in (*blk.hairpinEndpoints, *short):
             self.hairpin[f"{ep.ip} . {ep.ip}"] = (None, None)
         internal, external = blk.internal, blk.external
 
