@@ -108,7 +108,7 @@ def _declines(text: str) -> bool:
     low = text.lower()
     if ("?" in text or "_" in text or "]:" in text or "}:" in text or " :" in text
             or "0x" in low or "0o" in low or "0b" in low or ".inf" in low or ".nan" in low
-            or ": 0" in text or "- 0" in text or "[0" in text or ", 0" in text):
+            or " 0" in text or "[0" in text or ",0" in text or "+0" in text):  # (a leading zero?)
         return _SUSPECT.search(text) is not None
     return False
 

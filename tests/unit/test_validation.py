@@ -189,3 +189,5 @@ def test_an_integer_with_a_leading_zero_is_refused_not_guessed(tmp_path):
     one port in the cluster and another on an edge node."""
     msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port="0120", proto="TCP"))
     assert "svc.yaml:10:13: invalid YAML: 0120 is 80 to YAML 1.1 readers such as kubectl and 120 in YAML 1.2" in msg
+    for spelled in (" 0120", "+0120", "\n        0120"):  # two blanks, a sign, on the next line
+        assert "0120 is 80 to YAML 1.1" in errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=spelled, proto="TCP"))
