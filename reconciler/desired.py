@@ -722,7 +722,8 @@ class BuildCache:
             for i, sp in enumerate(result[0] if result else []):
                 for k in _claims(sp):
                     if k in owners and owners[k] != sp.id:
-                        what = f"nodePort {k[1]}/{k[0]}" if len(k) == 2 else f"{k[0]}:{k[2]}/{k[1]}"
+                        what = (f"nodePort {k[1]}/{k[0]}" if len(k) == 2 else
+                                f"{f'[{k[0]}]' if ':' in k[0] else k[0]}:{k[2]}/{k[1]}")
                         field = "nodePort" if len(k) == 2 else "port"
                         errors.append(InputError(services[key][0].where(("spec", "ports", i, field)),
                                                  f"{what} already used by {owners[k]}", ("spec", "ports", i, field)))
@@ -754,7 +755,7 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
                    ) -> tuple[list[ServicePort], HealthCheck | None]:
     """The ServicePorts of one Service (and its health check), from its EndpointSlices."""
     ports: list[ServicePort] = []
-    local_ips: set[str] = set()  # over all its ports and families, as kube-proxy counts them
+    local_ips: dict[str, set[str]] = {}  # per family, over all its ports, as kube-proxy counts them
     for port in svc.ports:
         blocks = []
         for family in ("ipv4", "ipv6"):
@@ -763,7 +764,7 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
             eps = _endpoints_for(svc_slices, port, family)  # type: ignore[arg-type]
             block, ready_local = _family_block(svc, port, family, eps, node)  # type: ignore[arg-type]
             blocks.append(block)
-            local_ips |= ready_local
+            local_ips.setdefault(family, set()).update(ready_local)
         ports.append(ServicePort(
             namespace=svc.namespace, name=svc.name, portName=port.name, protocol=port.protocol,  # type: ignore[arg-type]
             port=port.port, nodePort=port.node_port, families=tuple(blocks),
@@ -771,5 +772,6 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
         ))
     check = None
     if svc.health_check_node_port is not None:
-        check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port, len(local_ips))
+        check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port,
+                            max((len(ips) for ips in local_ips.values()), default=0))
     return ports, check

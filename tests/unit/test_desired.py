@@ -108,6 +108,12 @@ def test_health_check_node_port_counts_local_ready():
             endpoint_slice("lb", [endpoint("10.244.1.5")], port_name="a"),
             endpoint_slice("lb", [endpoint("10.244.1.6"), endpoint("10.244.1.5", ready=False)], port_name="b")]
     assert [h.localEndpoints for h in build(objs).healthChecks] == [2]
+    # a dual-stack pod is one endpoint, not one per family
+    dual = [service("lb", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="LoadBalancer",
+                    externalTrafficPolicy="Local", healthCheckNodePort=32000, clusterIPs=["10.96.0.1", "fd00::1"]),
+            endpoint_slice("lb", [endpoint("10.244.1.5")]),
+            endpoint_slice("lb", [endpoint("fd00:244::5")], family="IPv6")]
+    assert [h.localEndpoints for h in build(dual).healthChecks] == [1]
 
 
 def test_dual_stack_and_sctp_ports():
