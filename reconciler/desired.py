@@ -32,6 +32,7 @@ SKIP_LABELS = (SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL)
 # kernel's rules, so anything else (a blank, a quote, a newline) is refused, never written there
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # DNS-1123 label: namespaces, port names
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # Service names
+_DNS_LABEL_RULE = "a DNS-1123 label (lower-case letters, digits and '-', at most 63) is required"
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 ZONE_LABEL = "topology.kubernetes.io/zone"
 DEFAULT_AFFINITY_TIMEOUT = 10800
@@ -178,8 +179,7 @@ class _Service:
 def _check_names(r: _Reader, service_name: bool) -> None:
     """metadata.namespace a DNS label and (a Service's) metadata.name a DNS-1035 label."""
     if not _DNS_LABEL.fullmatch(r.obj.namespace):
-        raise r.error(("metadata", "namespace"), f"invalid namespace {r.obj.namespace!r}: a DNS-1123 label "
-                      "(lower-case letters, digits and '-', at most 63) is required")
+        raise r.error(("metadata", "namespace"), f"invalid namespace {r.obj.namespace!r}: {_DNS_LABEL_RULE}")
     if service_name and not _DNS_1035.fullmatch(r.obj.name):
         raise r.error(("metadata", "name"), f"invalid Service name {r.obj.name!r}: a DNS-1035 label "
                       "(a lower-case letter, then letters, digits and '-', at most 63) is required")
@@ -188,8 +188,7 @@ def _check_names(r: _Reader, service_name: bool) -> None:
 def _port_name(r: _Reader, path: Path) -> str:
     name = r.typed(path, str, "")
     if name and not _DNS_LABEL.fullmatch(name):
-        raise r.error(path, f"invalid port name {name!r}: a DNS-1123 label (lower-case letters, digits and '-', "
-                      "at most 63) is required")
+        raise r.error(path, f"invalid port name {name!r}: {_DNS_LABEL_RULE}")
     return name
 
 

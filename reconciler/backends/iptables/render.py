@@ -277,8 +277,9 @@ class _Builder:
         self.cluster_ips.append(blk.clusterIP)
         internal, external = blk.internal, blk.external
 
-        def addr_rule(chain: str, ip: str, *target: str) -> Rule:
-            return Rule(chain, ("-d", f.host(ip), "-p", proto, *_comment(sid), *_port_match(proto, sp.port), *target))
+        def addr_rule(chain: str, ip: str, *target: str, source: Args = ()) -> Rule:
+            return Rule(chain, (*source, "-d", f.host(ip), "-p", proto, *_comment(sid), *_port_match(proto, sp.port),
+                                *target))
 
         if internal.verdict == "forward":
             name = svc_chain(sp)
@@ -313,7 +314,7 @@ class _Builder:
             elif blk.loadBalancerSourceRanges:  # nothing DNATed (no endpoints): the ranges' sources go
                 # on to the REJECT, the rest are dropped (as kube-proxy's nftables mode; its iptables
                 # mode rejects them all)
-                self.firewall += [Rule(FIREWALL, ("-s", cidr(src), *addr_rule(FIREWALL, ip, "-j", "RETURN").args))
+                self.firewall += [addr_rule(FIREWALL, ip, "-j", "RETURN", source=("-s", cidr(src)))
                                   for src in blk.loadBalancerSourceRanges]
                 self.firewall.append(addr_rule(FIREWALL, ip, "-j", "DROP"))
         if sp.nodePort is not None:
