@@ -65,8 +65,9 @@ step("two services removed", backend.diff(backend.render(load_desired(smaller, o
 if mode == "nftables":  # an `add` of what exists changes nothing: no commit, no generation
     step("no change", [Operation("+", "table", "ip reconciler", "add table ip reconciler")])
 real_run_tool = kernel.run_tool
-def with_a_foreign_commit(argv, stdin=None):  # somebody commits just before our tool does
-    subprocess.run(["nft", "add", "table", "ip", f"beside-{len(steps)}"], check=True)
+def with_a_foreign_commit(argv, stdin=None):  # somebody commits just before our tool's transaction
+    if stdin is not None:  # (not before a read: `nft list table` runs through run_tool too)
+        subprocess.run(["nft", "add", "table", "ip", f"beside-{len(steps)}"], check=True)
     return real_run_tool(argv, stdin)
 real_lib_run = nftables_kernel._LIBNFT.run
 def lib_with_a_foreign_commit(script):

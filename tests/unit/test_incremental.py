@@ -193,7 +193,7 @@ class DyingChildBackend:
     def __init__(self) -> None:
         self.parent = os.getpid()
 
-    def observe(self) -> dict:
+    def observe(self, beside_work: bool = False) -> dict:
         if os.getpid() != self.parent:
             os.kill(os.getpid(), signal.SIGKILL)  # the forked reader dies
         return {"read": "in the parent"}

@@ -362,3 +362,33 @@ def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch
     with pytest.raises(KernelError, match="attempt 2"):  # the plain form failed too: its error
         b.apply(ops)
     assert len(ran) == 2
+
+
+@pytest.mark.parametrize("tools_at_once", [1, 3])
+def test_a_read_beside_other_work_runs_one_nft_at_a_time(monkeypatch, tools_at_once):
+    """each_table: up to `tools_at_once` `nft list table` at once (the one-shot commands' read,
+    beside the manifests loading, keeps to one), and every table still read, parsed and in order."""
+    import threading
+    import time
+
+    from reconciler.backends.nftables import kernel, observe
+
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def list_table(family: str, name: str) -> str:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.01)
+        with lock:
+            running -= 1
+        return f"table {family} {name} {{\n\tchain c {{\n\t\tcounter\n\t}}\n}}\n"
+
+    monkeypatch.setattr(kernel, "list_table", list_table)
+    tables = list(observe.each_table(tools_at_once=tools_at_once))
+    names = observe.table_names()
+    assert [t.ref for t in tables] == [f"{f} {n}" for f in ("ip", "ip6") for n in names]
+    assert all(t.chains["c"].rules == ("counter",) for t in tables)
+    assert most == tools_at_once

@@ -51,16 +51,17 @@ class IptablesBackend:
     def render(self, desired: DesiredState) -> IptablesModel:
         return self._renderer.render(desired)
 
-    def observe(self) -> IptablesModel:
+    def observe(self, beside_work: bool = False) -> IptablesModel:
         """Our chains and jumps: one `<cmd>-save` of all tables per family (see kernel.read_save),
-        both run at once, each parsed as it is read."""
+        each parsed as it is read; both at once, or (`beside_work`: the read shares the machine
+        with other heavy work, see reconcile.plan_against_kernel) one after the other."""
         flavour = self.flavour
 
         def read(cmd: str) -> dict[str, TableState]:
             return kernel.read_save(cmd, flavour, read_our_tables)
 
         families: dict[str, dict[str, TableState]] = {}
-        with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
+        with ThreadPoolExecutor(max_workers=1 if beside_work else len(COMMANDS)) as pool:
             for family, tables in zip(COMMANDS, pool.map(read, COMMANDS.values())):
                 tables = {t: state for t, state in tables.items() if not state.empty}
                 if tables:

@@ -35,8 +35,10 @@ class NftablesBackend:
         self._rendered = self._renderer.render(desired)
         return self._rendered
 
-    def observe(self) -> Ruleset:
-        return observe()
+    def observe(self, beside_work: bool = False) -> Ruleset:
+        """Our tables as the kernel holds them; `beside_work`: the read shares the machine with
+        other heavy work (see reconcile.plan_against_kernel), so one `nft` runs at a time."""
+        return observe(tools_at_once=1 if beside_work else 3)
 
     def diff(self, desired: Ruleset, observed: Ruleset) -> list[Operation]:
         return diff(desired, observed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
@@ -16,22 +17,28 @@ def table_names() -> list[str]:
     return [TABLE] + [shard_table_name(n) for n in range(SHARDS)]
 
 
-def observe(look_first: bool = False) -> Ruleset:
+def observe(look_first: bool = False, tools_at_once: int = 3) -> Ruleset:
     """Our tables (main and shards, both families), read in parallel: one `nft list table` each
-    (see each_table for `look_first`)."""
-    return Ruleset(dict(sorted((t.ref, t) for t in each_table(look_first))))
+    (see each_table)."""
+    return Ruleset(dict(sorted((t.ref, t) for t in each_table(look_first, tools_at_once))))
 
 
-def each_table(look_first: bool = False) -> Iterator[Table]:
-    """Our tables as they are read (several `nft list table` at once, in order).
+def each_table(look_first: bool = False, tools_at_once: int = 3) -> Iterator[Table]:
+    """Our tables as they are read (`nft list table` of each, up to `tools_at_once` at once, in
+    order).
 
-    Each worker parses its table as soon as it is read, so only a few tables' text is ever in
-    memory at once. With `look_first`, the tables there are listed over netlink first and only
-    those are read: for when most are expected missing (the other mode's leftovers), as it costs
-    an import of ~0.2 s and 20 MB.
+    Three workers read and parse, each table as soon as it is read, so only a few tables' text is
+    ever in memory at once; `tools_at_once=1` keeps to one `nft` at a time, the others parsing
+    meanwhile: for a read beside other work (the one-shot commands load the manifests
+    meanwhile, and more tools than cores would take the core they need). With `look_first`,
+    the tables there are listed over netlink first and only those are read: for when most are
+    expected missing (the other mode's leftovers), as it costs an import of ~0.2 s and 20 MB.
     """
+    one_tool = threading.BoundedSemaphore(max(1, tools_at_once))
+
     def read(ref: tuple[str, str]) -> Table | None:
-        text = kernel.list_table(*ref)
+        with one_tool:
+            text = kernel.list_table(*ref)
         return None if text is None else parse_table(text, *ref)
 
     wanted = [(family, name) for family in FAMILIES.values() for name in table_names()]
