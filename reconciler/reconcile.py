@@ -182,8 +182,8 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
 
 
 def _observe(backend: Any) -> Any:
-    """The read in the forked child: the manifests load meanwhile in the parent, so the backend
-    keeps to one kernel tool at a time (more tools than cores would take the parent's core)."""
+    """The read beside the manifests loading (in the forked child, or a thread): the backend keeps
+    to one kernel tool at a time (more tools than cores would take the loading's core)."""
     return backend.observe(beside_work=True)
 
 
@@ -206,7 +206,7 @@ def _workers(backend: Any) -> Iterator[tuple[Future[Any], Executor | None]]:
     processes = pool
     if pool is None:
         pool = ThreadPoolExecutor(max_workers=1)
-        future = pool.submit(backend.observe)
+        future = pool.submit(_observe, backend)
     try:
         yield future, processes
     finally:

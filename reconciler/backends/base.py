@@ -98,7 +98,8 @@ def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subproces
     written at the tool's pace and read here in one go. A pipe costs this process a wake-up and
     the interpreter lock every few KiB: reading the 10k listings through pipes took ~0.4 s of its
     CPU, from memory files ~0.02 s. The input is written a piece at a time: no second copy of it
-    in this process.
+    in this process. The output is read as UTF-8, a byte that is not becoming U+FFFD (a rule
+    that then differs from ours is rewritten, never a crash); stdin is /dev/null without input.
     """
     try:
         with _memory_file() as out, _memory_file() as err:
@@ -130,6 +131,6 @@ def _text(fh: IO[bytes]) -> str:
 
 def _memory_file() -> IO[bytes]:
     try:
-        return open(os.memfd_create("service-reconciler-input"), "w+b")
+        return open(os.memfd_create("service-reconciler-io"), "w+b")
     except (AttributeError, OSError):  # no memfd (not Linux, or an old kernel)
         return tempfile.TemporaryFile()

@@ -10,6 +10,8 @@ import shutil
 import signal
 from pathlib import Path
 
+import pytest
+
 from helpers import endpoint, endpoint_slice, node, service
 
 from reconciler.backends.nftables.diff import diff
@@ -223,6 +225,60 @@ def test_plan_reads_the_kernel_here_when_the_child_dies(tmp_path: Path, monkeypa
     monkeypatch.setattr(reconcile.threading, "active_count", lambda: 1)  # pytest may run threads
     planned = reconcile.plan_against_kernel(DyingChildBackend(), str(tmp_path), Options(node_name="node-a"))
     assert planned.observed_model == {"read": "in the parent"}
+
+
+class ToldBackend(DyingChildBackend):
+    """observe() tells where it ran and what it was told."""
+
+    def observe(self, beside_work: bool = False) -> dict:
+        return {"child": os.getpid() != self.parent, "beside_work": beside_work}
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["forked child", "thread"])
+def test_plan_reads_the_kernel_as_a_read_beside_the_manifests_loading(tmp_path: Path, monkeypatch, threads):
+    from reconciler import reconcile
+    from reconciler.config import Options
+
+    (tmp_path / "a.yaml").write_text(SVC.format(name="a", ip="10.96.0.1"))
+    monkeypatch.setattr(reconcile.threading, "active_count", lambda: threads)  # 2: a process with threads
+    planned = reconcile.plan_against_kernel(ToldBackend(), str(tmp_path), Options(node_name="node-a"))
+    assert planned.observed_model == {"child": threads == 1, "beside_work": True}
+
+
+def test_a_read_beside_work_runs_one_kernel_tool_at_a_time(monkeypatch):
+    """nftables: one `nft list table` at a time (see test_nftables for each_table itself);
+    iptables: one `<cmd>-save` after the other. Without beside_work: as many as there are."""
+    import threading
+    import time
+
+    from reconciler.backends.iptables import backend as ipt
+    from reconciler.backends.nftables import backend as nft
+
+    told = []
+    monkeypatch.setattr(nft, "observe", lambda **kw: told.append(kw) or nft.Ruleset())
+    nft.NftablesBackend().observe(beside_work=True)
+    nft.NftablesBackend().observe()
+    assert told == [{"tools_at_once": 1}, {"tools_at_once": 3}]
+
+    running, most = 0, []
+    lock = threading.Lock()
+
+    def read_save(cmd, flavour, parse):
+        nonlocal running
+        with lock:
+            running += 1
+        time.sleep(0.05)
+        with lock:
+            most.append(running)
+            running -= 1
+        return {}
+
+    monkeypatch.setattr(ipt.kernel, "read_save", read_save)
+    ipt.IptablesBackend(flavour="nft").observe(beside_work=True)
+    assert max(most) == 1 and len(most) == 2
+    most.clear()
+    ipt.IptablesBackend(flavour="nft").observe()
+    assert max(most) == 2
 
 
 def test_directory_snapshot_notices_a_removed_folder_but_not_a_renamed_temp_file(tmp_path: Path):

@@ -3,6 +3,7 @@ takes the transaction, and kernel tools fed their input from a file in memory.""
 
 from __future__ import annotations
 
+import os
 import threading
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -31,7 +32,7 @@ class SlowKernel:
     def render(self, desired: Any) -> dict[str, str]:
         return {s.id: s.digest() for s in desired.services}
 
-    def observe(self) -> dict[str, str]:
+    def observe(self, beside_work: bool = False) -> dict[str, str]:
         return dict(self.kernel)
 
     def diff(self, want: dict[str, str], have: dict[str, str]) -> list[Operation]:
@@ -104,6 +105,29 @@ def test_kernel_tools_get_their_whole_input_from_a_file_in_memory() -> None:
     assert run_tool(["sh", "-c", "echo out; echo err >&2; exit 3"]).stderr == "err\n"
     with pytest.raises(KernelError, match="no-such-tool"):
         run_tool(["/nonexistent/no-such-tool"], "x")
+
+
+def test_kernel_tools_write_their_output_into_files_in_memory() -> None:
+    # a listing (10k services: ~10 MB) is written at the tool's pace, not a pipe's; both streams whole
+    script = "test ! -p /dev/stdout && test ! -p /dev/stderr && seq 1 600000 && echo done >&2; exit 5"
+    proc = run_tool(["sh", "-c", script])
+    assert proc.returncode == 5 and proc.stderr == "done\n"
+    assert proc.stdout == "".join(f"{i}\n" for i in range(1, 600001))  # ~4 MB
+
+
+def test_a_kernel_tool_without_input_reads_nothing_rather_than_our_stdin() -> None:
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"not for the tool\n")
+    os.close(write_end)
+    saved = os.dup(0)
+    try:
+        os.dup2(read_end, 0)  # this process's stdin holds something the tool must not consume
+        assert run_tool(["cat"]).stdout == ""
+        assert os.read(0, 100) == b"not for the tool\n"
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+        os.close(read_end)
 
 
 def test_a_failing_transaction_is_reported_even_when_describing_fails_too() -> None:
@@ -243,7 +267,7 @@ def test_a_transaction_that_committed_nothing_is_not_vouched_for() -> None:
 
 def test_a_commit_during_the_plans_read_is_not_taken_for_ours() -> None:
     class CommitDuringRead(CountingKernel):
-        def observe(self) -> dict[str, str]:
+        def observe(self, beside_work: bool = False) -> dict[str, str]:
             seen = super().observe()
             self.gen += 1  # somebody commits once the read has its copy: the plan may be stale
             return seen

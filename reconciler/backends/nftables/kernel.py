@@ -4,7 +4,7 @@ Transactions go through `nft -f`, except small ones (the run loop's incremental 
 go through libnftables in this process: no process start (see diff.script for how their text
 spares nft a read of the whole ruleset). Big transactions keep using `nft -f`: whatever memory
 nft needs to parse them goes away with the process. Reads run `nft list table` children, several
-at once.
+at once (one at a time beside other work, see observe.each_table).
 """
 
 from __future__ import annotations
