@@ -111,8 +111,12 @@ class _Reader:
             raise self.error(path, f"expected {_tname(kind)}, got {_tname(type(v))}")
         return v
 
-    def port(self, path: Path, required: bool = True) -> int | None:
+    def port(self, path: Path, required: bool = True, zero_unset: bool = False) -> int | None:
+        """An integer 1-65535 at path; with `zero_unset`, 0 reads as not set (as the API server
+        and kube-proxy read a nodePort or healthCheckNodePort of 0)."""
         v = self.typed(path, int)
+        if zero_unset and v == 0:
+            v = None
         if v is None:
             if required:
                 raise self.error(path, "is required")
@@ -237,8 +241,8 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         name = _port_name(r, base + ("name",))
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
         port = r.port(base + ("port",))
-        node_port = r.port(base + ("nodePort",), required=False) if svc_type != "ClusterIP" else None
-        if svc_type == "ClusterIP" and r.get(base + ("nodePort",)) not in (None, 0):  # (0: unset, to the API)
+        node_port = r.port(base + ("nodePort",), required=False, zero_unset=True)
+        if svc_type == "ClusterIP" and node_port is not None:
             raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
         if node_port is not None and not 30000 <= node_port <= 32767:
             warnings.append(f"{obj.location}: spec.ports[{i}].nodePort: {node_port} is outside the API server's "
@@ -284,7 +288,7 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     if etp not in ("Cluster", "Local"):
         raise r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}")
     itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
-    hcnp = r.port(("spec", "healthCheckNodePort"), required=False)
+    hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
 
     def frozen(d: dict[Family, list[str]]) -> dict[Family, tuple[str, ...]]:
         return {k: tuple(sorted(set(v), key=_ip_key)) for k, v in d.items()}

@@ -116,6 +116,18 @@ def test_health_check_node_port_counts_local_ready():
     assert [h.localEndpoints for h in build(dual).healthChecks] == [1]
 
 
+def test_a_zero_node_port_or_health_check_node_port_is_unset():
+    """kube-proxy reads 0 as not set (a LoadBalancer without node ports: allocateLoadBalancerNodePorts
+    false); it was refused as out of range."""
+    objs = [service("lb", "10.96.0.1", [{**HTTP[0], "nodePort": 0}], type="LoadBalancer",
+                    externalTrafficPolicy="Local", healthCheckNodePort=0, allocateLoadBalancerNodePorts=False),
+            service("np", "10.96.0.2", [{**HTTP[0], "nodePort": 0}], type="NodePort")]
+    state = build(objs)
+    assert [(sp.id, sp.nodePort, sp.healthCheckNodePort) for sp in state.services] == [
+        ("default/lb:http/TCP", None, None), ("default/np:http/TCP", None, None)]
+    assert state.healthChecks == ()
+
+
 def test_dual_stack_and_sctp_ports():
     ports = [{"name": "a", "port": 5000, "protocol": "TCP"}, {"name": "b", "port": 5000, "protocol": "SCTP"}]
     objs = [service("d", "10.96.0.1", ports, clusterIPs=["10.96.0.1", "fd00:96::1"]),
