@@ -307,11 +307,21 @@ _LOOPBACK = {"ipv4": ipaddress.ip_network("127.0.0.0/8"), "ipv6": ipaddress.ip_n
 def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:
     """A family's nodePort addresses (None: every local address but loopback), as kube-proxy's
     NodePortAddresses reads the flag: a family it names no CIDR of, or a zero CIDR, matches all;
-    loopback CIDRs are left out (nftables mode never serves NodePorts there): only loopback, none."""
+    loopback addresses are left out (nftables mode never serves NodePorts there): a loopback CIDR
+    is dropped, a wider one split around it; only loopback, none."""
     if split is None or not split[family] or any(c in ("0.0.0.0/0", "::/0") for c in split[family]):
         return None
     loopback = _LOOPBACK[family]
-    return tuple(c for c in split[family] if not ipaddress.ip_network(c).subnet_of(loopback))  # type: ignore[arg-type]
+    out: list[str] = []
+    for c in split[family]:
+        net = ipaddress.ip_network(c)
+        if net.subnet_of(loopback):  # type: ignore[arg-type]
+            continue
+        if net.supernet_of(loopback):  # type: ignore[arg-type]  # (0.0.0.0/1): all of it but loopback
+            out += sorted((str(n) for n in net.address_exclude(loopback)), key=_ip_key)  # type: ignore[arg-type]
+        else:
+            out.append(c)
+    return tuple(out)
 
 
 def _ip_key(s: str) -> tuple[int, bytes, int]:

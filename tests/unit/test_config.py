@@ -64,3 +64,19 @@ def test_bad_config_names_file_and_line(tmp_path):
     with pytest.raises(InputError) as exc:
         load_kube_proxy_config(str(path))
     assert f"{path}:3:1: mode: mode 'ipvs' is not supported" in str(exc.value)
+
+
+def test_settings_not_honoured_are_warned_about(tmp_path, caplog):
+    path = tmp_path / "kp.yaml"
+    path.write_text(CONFIG.replace("mode: iptables\n", "mode: iptables\ndetectLocalMode: NodeCIDR\n")
+                    + "  masqueradeBit: 12\n")
+    with caplog.at_level("WARNING"):
+        load_kube_proxy_config(str(path))
+    assert f"{path}:4:1: detectLocalMode NodeCIDR is not supported" in caplog.text
+    assert f"{path}:13:3: masqueradeBit 12 is not supported" in caplog.text
+    caplog.clear()
+    path.write_text(CONFIG.replace("mode: iptables\n", "mode: iptables\ndetectLocalMode: ClusterCIDR\n")
+                    + "  masqueradeBit: 14\n")  # what is honoured: no warning
+    with caplog.at_level("WARNING"):
+        load_kube_proxy_config(str(path))
+    assert "not supported" not in caplog.text

@@ -44,6 +44,12 @@ def test_nodeport_addresses_per_family_as_kube_proxy_reads_them():
     assert fams(("0.0.0.0/0", "192.168.1.0/24", "fd00::/64")) == {"ipv4": None, "ipv6": ("fd00::/64",)}
     # loopback is never a NodePort address (as kube-proxy's nftables mode): only loopback, none
     assert fams(("127.0.0.0/8", "192.168.1.0/24", "::1/128")) == {"ipv4": ("192.168.1.0/24",), "ipv6": ()}
+    # a CIDR wider than loopback is all of it but loopback (0.0.0.0/1 would serve 127.0.0.1)
+    wide = fams(("0.0.0.0/1", "128.0.0.0/1", "fd00::/64"))["ipv4"]
+    assert wide == ("0.0.0.0/2", "64.0.0.0/3", "96.0.0.0/4", "112.0.0.0/5", "120.0.0.0/6", "124.0.0.0/7",
+                    "126.0.0.0/8", "128.0.0.0/1")
+    v6 = fams(("::/1", "10.0.0.0/8"))["ipv6"]
+    assert v6 is not None and len(v6) == 127 and "::/128" in v6 and "::2/127" in v6 and "::1/128" not in v6
 
 
 def test_no_endpoints_rejects_everywhere():
