@@ -77,6 +77,13 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         svc("multi", ["10.96.1.90"], [{"name": "t", "port": 5000, "protocol": "TCP"},
                                       {"name": "s", "port": 5000, "protocol": "SCTP"}]),
         eps("multi", ["pod1"], ports=(("t", 8080, "TCP"), ("s", 8080, "SCTP"))),
+        # An externalIP that is a local address of the node, on a port that is another service's
+        # nodePort: the service IP wins, as kube-proxy looks service IPs up before NodePorts
+        # (their nftables shards, 1 and 13, hook in that order: the later table's chain runs first).
+        svc("extip-local", ["10.96.1.110"], [{**HTTP[0], "port": 31050}], externalIPs=["172.30.1.60"]),
+        eps("extip-local", ["pod1"]),
+        svc("np-same-port", ["10.96.1.111"], http(31050), type="NodePort"),
+        eps("np-same-port", ["pod2"]),
         # UDP whose endpoint moves: stale conntrack entries must go.
         svc("udp-move", ["10.96.1.100"], [{"name": "dns", "port": 53, "protocol": "UDP"}]),
         eps("udp-move", [udp_pod], ports=(("dns", 8080, "UDP"),)),
@@ -144,6 +151,17 @@ def test_etp_local_without_local_endpoints_drops_external_but_not_internal(lab, 
     pod = lab.tcp("pod1", "172.30.1.52", 80, count=5)
     assert outcomes(pod) == {"ok": 5} and set(servers(pod)) == {"pod3"}
     assert outcomes(lab.tcp("pod1", "10.96.1.20", 80, count=5)) == {"ok": 5}
+
+
+def test_a_local_service_ip_wins_over_a_nodeport_on_its_port(lab, applied):
+    lab.add_node_address("172.30.1.60")
+    try:
+        to_ip, to_node = concurrently([lambda: lab.tcp("ext1", "172.30.1.60", 31050, count=10),
+                                       lambda: lab.tcp("ext1", ADDR["node"][4], 31050, count=10)])
+    finally:
+        lab.del_node_address("172.30.1.60")
+    assert outcomes(to_ip) == {"ok": 10} and set(servers(to_ip)) == {"pod1"}
+    assert outcomes(to_node) == {"ok": 10} and set(servers(to_node)) == {"pod2"}
 
 
 def test_itp_local(lab, applied):

@@ -329,13 +329,35 @@ def test_masquerade_options():
 def test_nodeport_addresses_narrow_the_match():
     objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort"),
             endpoint_slice("web", [endpoint("10.244.1.5")])]
-    services = lambda **o: chain(render(build(objs, **o)), "services").rules
-    assert services()[1].startswith("ip daddr != 127.0.0.0/8 fib daddr type local ")
-    assert services(nodeport_cidrs=("172.30.0.0/24", "10.1.0.0/16"))[1].startswith(
+    nodeports = lambda **o: chain(render(build(objs, **o)), "nodeports").rules
+    assert nodeports()[0].startswith("ip daddr != 127.0.0.0/8 fib daddr type local ")
+    assert nodeports(nodeport_cidrs=("172.30.0.0/24", "10.1.0.0/16"))[0].startswith(
         "ip daddr { 10.1.0.0/16, 172.30.0.0/24 } fib daddr type local ")
     # a family the flag names no CIDR of, or a zero CIDR: every local address (as kube-proxy)
     for cidrs in (("fd00::/64",), ("0.0.0.0/0", "10.1.0.0/16")):
-        assert services(nodeport_cidrs=cidrs)[1].startswith("ip daddr != 127.0.0.0/8 fib daddr type local "), cidrs
+        assert nodeports(nodeport_cidrs=cidrs)[0].startswith("ip daddr != 127.0.0.0/8 fib daddr type local "), cidrs
+
+
+def test_nodeports_are_looked_up_after_every_shards_service_ips():
+    """kube-proxy looks a packet up in @service-ips, then in @service-nodeports, in one chain. Our
+    shards have a chain each at one priority, which the kernel runs in the order their hooks were
+    registered: the NodePorts go a priority later, so a service IP that is also a local address
+    (an externalIP on the node) wins over another shard's NodePort on the same port."""
+    objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort"),
+            endpoint_slice("web", [endpoint("10.244.1.5")])]
+    table = next(t for t in render(build(objs)).tables.values() if "nodeports" in t.chains)
+    assert table.chains["services"].rules == ("ip daddr . meta l4proto . th dport vmap @service-ips",)
+    hooks = {c.base.hook: c.base.priority for c in table.chains.values() if c.base and c.rules == ("jump services",)}
+    later = {c.base.hook: c.base.priority for c in table.chains.values() if c.base and c.rules == ("jump nodeports",)}
+    assert hooks == {"prerouting": -100, "output": -100} and later == {"prerouting": -99, "output": -99}
+    # no NodePort address in a family (only loopback named): no NodePort chains in it
+    dual = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort",
+                    clusterIPs=["10.96.0.1", "fd00:96::1"]),
+            endpoint_slice("web", [endpoint("10.244.1.5")]),
+            endpoint_slice("web", [endpoint("fd00:244::5")], family="IPv6")]
+    shards = [t for t in render(build(dual, nodeport_cidrs=("::1/128", "10.1.0.0/16"))).tables.values()
+              if "service-ips" in t.sets]
+    assert {t.family: "nodeports" in t.chains for t in shards} == {"ip": True, "ip6": False}
 
 
 def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch):

@@ -28,6 +28,10 @@ REJECT_CHAIN = "reject-chain"
 _BASE_CHAINS = {
     "nat-prerouting": BaseHook("nat", "prerouting", -100),
     "nat-output": BaseHook("nat", "output", -100),
+    # after every shard's service IPs (the first DNAT ends the nat hooks): a NodePort never wins
+    # over a service IP that is also a local address, whichever shard either is in
+    "nodeports-prerouting": BaseHook("nat", "prerouting", -99),
+    "nodeports-output": BaseHook("nat", "output", -99),
     "nat-postrouting": BaseHook("nat", "postrouting", 100),
     "firewall-prerouting": BaseHook("filter", "prerouting", -110),
     "firewall-output": BaseHook("filter", "output", -110),
@@ -400,13 +404,16 @@ class _Builder:
         if self.opts.clusterCIDRs:
             sets["cluster-cidrs"] = _set("cluster-cidrs", addr, {canonical_cidr(c): (None, None)
                                                                 for c in self.opts.clusterCIDRs}, flags=("interval",))
-        services = [f"{ip} daddr . meta l4proto . th dport vmap @service-ips"]
+        plain = {"services": [f"{ip} daddr . meta l4proto . th dport vmap @service-ips"],
+                 MARK_MASQ: [f"meta mark set meta mark | 0x{MASQ_BIT:08x}"]}
+        hooked = {"nat-prerouting": ["jump services"], "nat-output": ["jump services"]}
         nodeport_match = self._nodeport_match()
-        if nodeport_match is not None:
-            services.append(f"{nodeport_match}meta l4proto . th dport vmap @service-nodeports")
+        if nodeport_match is not None:  # (kube-proxy: after @service-ips in one chain; here shards
+            # have a chain each, so their NodePorts are looked up a priority later than any service IP)
+            plain["nodeports"] = [f"{nodeport_match}meta l4proto . th dport vmap @service-nodeports"]
+            hooked.update({"nodeports-prerouting": ["jump nodeports"], "nodeports-output": ["jump nodeports"]})
         chains = dict(self.chains)
-        chains.update(_chains({"services": services, MARK_MASQ: [f"meta mark set meta mark | 0x{MASQ_BIT:08x}"]},
-                              {"nat-prerouting": ["jump services"], "nat-output": ["jump services"]}))
+        chains.update(_chains(plain, hooked))
         return Table(self.fam.nft, shard_table_name(shard), chains, sets)
 
     def _nodeport_match(self) -> str | None:
