@@ -133,11 +133,11 @@ def load_kube_proxy_config(path: str) -> dict[str, Any]:
     for key, attr in (("healthzBindAddress", "healthz_bind_address"), ("metricsBindAddress", "metrics_bind_address")):
         if doc.get(key):
             out[attr] = str(doc[key])
-    _warn_unsupported(doc, mode_section, out.get("mode", "nftables"), where)
+    _warn_unsupported(doc, where)
     return out
 
 
-def _warn_unsupported(doc: dict[str, Any], mode_section: Any, mode: str, where: Any) -> None:
+def _warn_unsupported(doc: dict[str, Any], where: Any) -> None:
     """Warn about settings that would change what kube-proxy programs and that are not honoured
     here (silently ignoring them would program something else than the file asks for)."""
     detect = doc.get("detectLocalMode")
@@ -145,10 +145,12 @@ def _warn_unsupported(doc: dict[str, Any], mode_section: Any, mode: str, where: 
         log.warning("%s: detectLocalMode %s is not supported: pod traffic is told by clusterCIDR "
                     "(--cluster-cidr) only; without it nothing is treated as local pod traffic",
                     where("detectLocalMode"), detect)
-    bit = mode_section.get("masqueradeBit") if isinstance(mode_section, dict) else None
-    if bit is not None and bit != 14:
-        log.warning("%s: masqueradeBit %s is not supported: the masquerade mark is bit 14 (0x4000)",
-                    where(mode, "masqueradeBit"), bit)
+    for mode in MODES:  # (both: --mode may pick the other one)
+        section = doc.get(mode)
+        bit = section.get("masqueradeBit") if isinstance(section, dict) else None
+        if bit is not None and bit != 14:
+            log.warning("%s: masqueradeBit %s is not supported: the masquerade mark is bit 14 (0x4000)",
+                        where(mode, "masqueradeBit"), bit)
 
 
 def merge(base: Options, overrides: dict[str, Any]) -> Options:

@@ -306,22 +306,18 @@ _LOOPBACK = {"ipv4": ipaddress.ip_network("127.0.0.0/8"), "ipv6": ipaddress.ip_n
 
 def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:
     """A family's nodePort addresses (None: every local address but loopback), as kube-proxy's
-    NodePortAddresses reads the flag: a family it names no CIDR of, or a zero CIDR, matches all;
-    loopback addresses are left out (nftables mode never serves NodePorts there): a loopback CIDR
-    is dropped, a wider one split around it; only loopback, none."""
-    if split is None or not split[family] or any(c in ("0.0.0.0/0", "::/0") for c in split[family]):
+    NodePortAddresses reads the flag: a family it names no CIDR of, or CIDRs that cover every
+    address (0.0.0.0/0; 0.0.0.0/1 with 128.0.0.0/1), match all. Kept collapsed (overlapping and
+    adjacent CIDRs merged, as the kernel holds them). Loopback addresses are left out (nftables
+    mode never serves NodePorts there): loopback CIDRs are dropped (only loopback: none), and the
+    renderers keep loopback out of a wider CIDR that holds it (FamilyOptions.nodePortsHoldLoopback)."""
+    if split is None or not split[family]:
+        return None
+    nets = list(ipaddress.collapse_addresses(ipaddress.ip_network(c) for c in split[family]))  # type: ignore[misc]
+    if any(n.prefixlen == 0 for n in nets):
         return None
     loopback = _LOOPBACK[family]
-    out: list[str] = []
-    for c in split[family]:
-        net = ipaddress.ip_network(c)
-        if net.subnet_of(loopback):  # type: ignore[arg-type]
-            continue
-        if net.supernet_of(loopback):  # type: ignore[arg-type]  # (0.0.0.0/1): all of it but loopback
-            out += sorted((str(n) for n in net.address_exclude(loopback)), key=_ip_key)  # type: ignore[arg-type]
-        else:
-            out.append(c)
-    return tuple(out)
+    return tuple(str(n) for n in nets if not n.subnet_of(loopback))  # type: ignore[arg-type]
 
 
 def _ip_key(s: str) -> tuple[int, bytes, int]:

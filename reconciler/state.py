@@ -7,6 +7,7 @@ is made once, when this document is built (see desired.py); backends only render
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import operator
 from dataclasses import dataclass, field
@@ -218,6 +219,9 @@ class NodeInfo:
         return d
 
 
+_LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
+
+
 @dataclass(frozen=True)
 class FamilyOptions:
     """Per-family node options that every backend applies the same way."""
@@ -226,6 +230,13 @@ class FamilyOptions:
     serviceCIDRs: tuple[str, ...] = ()
     # None: NodePorts answer on every local address; otherwise only local addresses in these CIDRs.
     nodePortCIDRs: tuple[str, ...] | None = None
+
+    @property
+    def nodePortsHoldLoopback(self) -> bool:
+        """Whether a nodePort CIDR holds this family's loopback addresses (0.0.0.0/1 holds
+        127.0.0.0/8), which the backends leave out as they do with every local address."""
+        return any(ipaddress.ip_network(c).supernet_of(_LOOPBACK[ipaddress.ip_network(c).version])  # type: ignore[arg-type]
+                   for c in self.nodePortCIDRs or ())
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"clusterCIDRs": list(self.clusterCIDRs), "serviceCIDRs": list(self.serviceCIDRs)}

@@ -43,6 +43,28 @@ def test_nodeport_addresses_limit_where_nodeports_answer(lab, tmp_path, mode):
         lab.del_node_address("172.30.9.9", "lo")
 
 
+def test_nodeport_addresses_as_the_kernel_holds_them_and_never_loopback(lab, tmp_path, mode):
+    """CIDRs that overlap or touch (the kernel merges an inline set's intervals: nft lists them
+    merged) leave nothing to do after apply; a CIDR that holds loopback (0.0.0.0/1) serves its
+    other local addresses, never 127.0.0.1 (kube-proxy's nftables mode skips loopback)."""
+    src = str(tmp_path / "s")
+    write_state(src, docs())
+    for cidrs in ("172.30.0.0/25,172.30.0.128/25,10.9.0.0/24,10.9.1.0/24,10.9.2.0/24", "0.0.0.0/1,172.30.0.0/24"):
+        flags = common_flags(src, mode, extra=["--nodeport-addresses", cidrs, "--service-cidr", "10.96.0.0/13,10.104.0.0/13"])
+        reconciler(lab, "apply", *flags)
+        assert reconciler(lab, "plan", *flags, check=False).returncode == 0, cidrs  # read back as written
+        ok = lab.tcp("ext1", ADDR["node"][4], 31080, count=5)
+        assert outcomes(ok) == {"ok": 5}, cidrs
+    lab.add_node_address("10.9.9.9", "lo")  # inside 0.0.0.0/1
+    try:
+        inside = lab.tcp("node", "10.9.9.9", 31080, count=5)
+        loopback = lab.tcp("node", "127.0.0.1", 31080, count=3)  # nothing listens there: refused
+    finally:
+        lab.del_node_address("10.9.9.9", "lo")
+    assert outcomes(inside) == {"ok": 5}
+    assert outcomes(loopback) == {"refused": 3}
+
+
 def test_masquerade_all_hides_pod_sources(lab, tmp_path, mode):
     src = str(tmp_path / "s")
     write_state(src, docs())

@@ -75,6 +75,11 @@ def test_settings_not_honoured_are_warned_about(tmp_path, caplog):
     assert f"{path}:4:1: detectLocalMode NodeCIDR is not supported" in caplog.text
     assert f"{path}:13:3: masqueradeBit 12 is not supported" in caplog.text
     caplog.clear()
+    path.write_text(CONFIG + "nftables:\n  masqueradeBit: 10\n")  # the other mode's section: --mode may pick it
+    with caplog.at_level("WARNING"):
+        load_kube_proxy_config(str(path))
+    assert f"{path}:13:3: masqueradeBit 10 is not supported" in caplog.text
+    caplog.clear()
     path.write_text(CONFIG.replace("mode: iptables\n", "mode: iptables\ndetectLocalMode: ClusterCIDR\n")
                     + "  masqueradeBit: 14\n")  # what is honoured: no warning
     with caplog.at_level("WARNING"):

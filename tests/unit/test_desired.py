@@ -44,12 +44,14 @@ def test_nodeport_addresses_per_family_as_kube_proxy_reads_them():
     assert fams(("0.0.0.0/0", "192.168.1.0/24", "fd00::/64")) == {"ipv4": None, "ipv6": ("fd00::/64",)}
     # loopback is never a NodePort address (as kube-proxy's nftables mode): only loopback, none
     assert fams(("127.0.0.0/8", "192.168.1.0/24", "::1/128")) == {"ipv4": ("192.168.1.0/24",), "ipv6": ()}
-    # a CIDR wider than loopback is all of it but loopback (0.0.0.0/1 would serve 127.0.0.1)
-    wide = fams(("0.0.0.0/1", "128.0.0.0/1", "fd00::/64"))["ipv4"]
-    assert wide == ("0.0.0.0/2", "64.0.0.0/3", "96.0.0.0/4", "112.0.0.0/5", "120.0.0.0/6", "124.0.0.0/7",
-                    "126.0.0.0/8", "128.0.0.0/1")
-    v6 = fams(("::/1", "10.0.0.0/8"))["ipv6"]
-    assert v6 is not None and len(v6) == 127 and "::/128" in v6 and "::2/127" in v6 and "::1/128" not in v6
+    # kept collapsed, as the kernel holds them; CIDRs that cover everything are every address;
+    # a CIDR holding loopback stays whole (the renderers leave loopback out of it)
+    assert fams(("10.0.0.0/9", "10.128.0.0/9", "10.1.0.0/16", "fd00::/64"))["ipv4"] == ("10.0.0.0/8",)
+    assert fams(("0.0.0.0/1", "128.0.0.0/1"))["ipv4"] is None
+    state = build(objs, nodeport_cidrs=("0.0.0.0/1", "fd00::/64"))
+    assert state.families["ipv4"].nodePortCIDRs == ("0.0.0.0/1",)
+    assert state.families["ipv4"].nodePortsHoldLoopback and not state.families["ipv6"].nodePortsHoldLoopback
+    assert build(objs, nodeport_cidrs=("::/8",)).families["ipv6"].nodePortsHoldLoopback
 
 
 def test_no_endpoints_rejects_everywhere():

@@ -391,6 +391,11 @@ def test_options_masquerade_all_several_cidrs_nodeport_addresses():
     everywhere = "! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j RECONCILER-NODEPORTS"
     for cidrs in ((), ("fd00::/64",), ("0.0.0.0/0", "192.168.0.0/24")):
         assert specs(render(build(objs, nodeport_cidrs=cidrs)), SERVICES)[-1] == everywhere, cidrs
+    # a CIDR holding loopback serves all of it but loopback (kube-proxy's nftables mode never serves it)
+    assert specs(render(build(objs, nodeport_cidrs=("0.0.0.0/1", "192.168.0.0/24"))), SERVICES)[-2:] == [
+        "-d 0.0.0.0/1 -m iprange ! --dst-range 127.0.0.0-127.255.255.255 -m addrtype --dst-type LOCAL "
+        "-j RECONCILER-NODEPORTS",
+        "-d 192.168.0.0/24 -m addrtype --dst-type LOCAL -j RECONCILER-NODEPORTS"]
 
 
 def test_local_policies_without_local_endpoints_drop():

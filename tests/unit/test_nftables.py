@@ -14,7 +14,7 @@ from helpers import HTTP, REPO, STATE_DIR, build, endpoint, endpoint_slice, serv
 from reconciler.backends.nftables.diff import diff, script
 from reconciler.backends.nftables.objects import BaseHook, Ruleset
 from reconciler.backends.nftables.observe import parse_table
-from reconciler.backends.nftables.render import render, shard_of
+from reconciler.backends.nftables.render import interval_set, render, shard_of
 from reconciler.desired import BuildOptions, build_desired_state
 from reconciler.plan import Plan, service_changes
 from reconciler.backends.nftables.backend import service_view
@@ -338,6 +338,27 @@ def test_nodeport_addresses_narrow_the_match():
         assert nodeports(nodeport_cidrs=cidrs)[0].startswith("ip daddr != 127.0.0.0/8 fib daddr type local "), cidrs
 
 
+@pytest.mark.parametrize("cidrs,listed", [
+    (["10.0.0.0/9", "10.128.0.0/9"], "10.0.0.0/8"),  # touching: merged into one CIDR
+    (["10.0.0.0/23", "10.0.2.0/24"], "10.0.0.0-10.0.2.255"),  # merged, not a CIDR: a range
+    (["10.0.0.5/32", "10.0.0.1/32", "10.0.0.0/30"], "{ 10.0.0.0/30, 10.0.0.5 }"),  # overlapping: one
+    (["fd00::/64", "::/128", "::2/127"], "{ ::, ::2/127, fd00::/64 }"),  # apart: as they are, in order
+])
+def test_inline_cidr_sets_are_written_as_nft_lists_them(cidrs, listed):
+    """nft 1.0.6 listed exactly these for the inline sets (the kernel merges their intervals);
+    written otherwise, a rule would never read back as written (a plan never empty)."""
+    assert interval_set(cidrs) == listed
+
+
+def test_a_nodeport_cidr_holding_loopback_leaves_loopback_out():
+    objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort"),
+            endpoint_slice("web", [endpoint("10.244.1.5")])]
+    nodeports = chain(render(build(objs, nodeport_cidrs=("0.0.0.0/1", "172.30.0.0/24"))), "nodeports").rules
+    assert nodeports[0].startswith("ip daddr != 127.0.0.0/8 ip daddr { 0.0.0.0/1, 172.30.0.0/24 } fib daddr type local ")
+    drop = chain(render(build(objs, service_cidrs=("10.96.0.0/13", "10.104.0.0/13"))), "cluster-ips-check").rules
+    assert drop[-1] == "ip daddr 10.96.0.0/12 drop"
+
+
 def test_nodeports_are_looked_up_after_every_shards_service_ips():
     """kube-proxy looks a packet up in @service-ips, then in @service-nodeports, in one chain. Our
     shards have a chain each at one priority, which the kernel runs in the order their hooks were
@@ -414,3 +435,4 @@ def test_a_read_beside_other_work_runs_one_nft_at_a_time(monkeypatch, tools_at_o
     assert [t.ref for t in tables] == [f"{f} {n}" for f in ("ip", "ip6") for n in names]
     assert all(t.chains["c"].rules == ("counter",) for t in tables)
     assert most == tools_at_once
+

@@ -181,6 +181,7 @@ class _Family:
         self.host_len = 32 if v4 else 128
         self.af = socket.AF_INET if v4 else socket.AF_INET6
         self.loopback = "127.0.0.0/8" if v4 else "::1/128"
+        self.loopback_range = "127.0.0.0-127.255.255.255" if v4 else "::1-::1"
         self.mask = "255.255.255.255" if v4 else "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"
         self.reject = ("-j", "REJECT", "--reject-with", "icmp-port-unreachable" if v4 else "icmp6-port-unreachable")
 
@@ -436,7 +437,11 @@ class _Builder:
         cidrs = self.opts.nodePortCIDRs
         if cidrs is None:
             return [(("!", "-d", self.fam.loopback), local)]
-        return [(("-d", cidr(c)), local) for c in cidrs]
+        # a CIDR holding loopback (0.0.0.0/1) without it: NodePorts are never served there
+        not_loopback = ("-m", "iprange", "!", "--dst-range", self.fam.loopback_range)
+        loopback = ipaddress.ip_network(self.fam.loopback)
+        return [(("-d", cidr(c)), (*(not_loopback if ipaddress.ip_network(c).supernet_of(loopback) else ()), *local))
+                for c in cidrs]
 
     def freeze(self) -> None:
         """A finished fragment: its chains as Rule tuples, made once and shared by every render."""

@@ -80,15 +80,26 @@ class _Family:
         return f"[{ep.ip}]:{ep.port}" if self.family == "ipv6" else f"{ep.ip}:{ep.port}"
 
 
-def anon_set(values: Iterable[str]) -> str:
-    """An inline set as nft prints it: sorted, and a lone element without braces."""
-    vals = sorted(set(values), key=_net_key)
-    return vals[0] if len(vals) == 1 else "{ " + ", ".join(vals) + " }"
-
-
-def _net_key(s: str) -> tuple[int, int, int]:
-    net = ipaddress.ip_network(s, strict=False)
-    return (net.version, int(net.network_address), net.prefixlen)
+def interval_set(cidrs: Iterable[str]) -> str:
+    """CIDRs of one family as an inline set, as nft prints it back: the kernel holds an anonymous
+    interval set as merged intervals (10.0.0.0/9 and 10.128.0.0/9 list as 10.0.0.0/8; 10.0.0.0/23
+    and 10.0.2.0/24 as 10.0.0.0-10.0.2.255), so a rule written otherwise would never read back
+    as written."""
+    nets = sorted(ipaddress.ip_network(c, strict=False) for c in cidrs)
+    spans: list[list[int]] = []
+    for n in nets:
+        first, last = int(n.network_address), int(n.broadcast_address)
+        if spans and first <= spans[-1][1] + 1:
+            spans[-1][1] = max(spans[-1][1], last)
+        else:
+            spans.append([first, last])
+    address = ipaddress.ip_address if not nets or nets[0].version == 4 else ipaddress.IPv6Address
+    out = []
+    for first, last in spans:
+        lo, hi = address(first), address(last)
+        whole = list(ipaddress.summarize_address_range(lo, hi))  # type: ignore[arg-type]
+        out.append(canonical_cidr(str(whole[0])) if len(whole) == 1 else f"{lo}-{hi}")
+    return out[0] if len(out) == 1 else "{ " + ", ".join(out) + " }"
 
 
 def canonical_cidr(c: str) -> str:
@@ -371,7 +382,7 @@ class _Builder:
         sets["cluster-ips"] = _set("cluster-ips", addr, self.cluster_ips)
         cluster_ips_check = [f"{ip} daddr @cluster-ips reject"]  # a port no service port of the IP uses
         if self.opts.serviceCIDRs:
-            cluster_ips_check.append(f"{ip} daddr {anon_set(canonical_cidr(c) for c in self.opts.serviceCIDRs)} drop")
+            cluster_ips_check.append(f"{ip} daddr {interval_set(self.opts.serviceCIDRs)} drop")
         chains = _chains({
             "endpoints-check": endpoints_check,
             "cluster-ips-check": cluster_ips_check,
@@ -423,4 +434,5 @@ class _Builder:
             return f"{ip} daddr != {self.fam.loopback} fib daddr type local "
         if not cidrs:
             return None
-        return f"{ip} daddr {anon_set(canonical_cidr(c) for c in cidrs)} fib daddr type local "
+        not_loopback = f"{ip} daddr != {self.fam.loopback} " if self.opts.nodePortsHoldLoopback else ""
+        return f"{not_loopback}{ip} daddr {interval_set(cidrs)} fib daddr type local "
