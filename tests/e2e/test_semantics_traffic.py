@@ -84,6 +84,11 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         eps("extip-local", ["pod1"]),
         svc("np-same-port", ["10.96.1.111"], http(31050), type="NodePort"),
         eps("np-same-port", ["pod2"]),
+        # The same with externalTrafficPolicy Local and no endpoint on this node: dropped, never
+        # passed on to that NodePort.
+        svc("etp-none-xip", ["10.96.1.112"], [{**HTTP[0], "port": 31050, "nodePort": 31052}], type="NodePort",
+            externalTrafficPolicy="Local", externalIPs=["172.30.1.61"]),
+        eps("etp-none-xip", ["pod3"]),
         # UDP whose endpoint moves: stale conntrack entries must go.
         svc("udp-move", ["10.96.1.100"], [{"name": "dns", "port": 53, "protocol": "UDP"}]),
         eps("udp-move", [udp_pod], ports=(("dns", 8080, "UDP"),)),
@@ -162,6 +167,21 @@ def test_a_local_service_ip_wins_over_a_nodeport_on_its_port(lab, applied):
         lab.del_node_address("172.30.1.60")
     assert outcomes(to_ip) == {"ok": 10} and set(servers(to_ip)) == {"pod1"}
     assert outcomes(to_node) == {"ok": 10} and set(servers(to_node)) == {"pod2"}
+
+
+def test_a_local_service_ip_without_local_endpoints_is_dropped_not_passed_to_a_nodeport(lab, applied):
+    lab.add_node_address("172.30.1.61")
+    try:
+        res = lab.tcp("ext1", "172.30.1.61", 31050, count=2, timeout=1.0)
+        pod = lab.tcp("pod1", "172.30.1.61", 31050, count=5)  # pods short-circuit to the others
+    finally:
+        lab.del_node_address("172.30.1.61")
+    if applied.mode == "nftables":  # kube-proxy's nftables mode: its goto ends the lookups; filter drops
+        assert outcomes(res) == {"timeout": 2}
+    else:  # as kube-proxy's iptables mode: no rule of this service takes it, the NodePort rule at the
+        # end of the services chain does (the filter's DROP then sees the NodePort's endpoint)
+        assert outcomes(res) == {"ok": 2} and set(servers(res)) == {"pod2"}
+    assert outcomes(pod) == {"ok": 5} and set(servers(pod)) == {"pod3"}
 
 
 def test_itp_local(lab, applied):

@@ -436,3 +436,16 @@ def test_a_read_beside_other_work_runs_one_nft_at_a_time(monkeypatch, tools_at_o
     assert all(t.chains["c"].rules == ("counter",) for t in tables)
     assert most == tools_at_once
 
+
+def test_external_traffic_without_a_local_endpoint_ends_in_its_own_chain():
+    """ETP Local, no endpoint on this node: pods and the node still short-circuit to the others;
+    anything else is dropped in the ext chain itself. Falling through, it would meet later lookups:
+    another shard's NodePort on the port of this service's (local) external IP. kube-proxy's goto
+    ends its one services chain there; filter then drops it."""
+    objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort",
+                    externalTrafficPolicy="Local", externalIPs=["172.30.1.52"]),
+            endpoint_slice("web", [endpoint("10.244.2.5", node="node-b")])]
+    rules = chain(render(build(objs)), "ext-default/web/http/tcp").rules
+    assert rules[0].startswith("ip saddr @cluster-cidrs ") and "dnat to 10.244.2.5:8080" in rules[0]
+    assert rules[-1] == "drop"
+    assert elements(render(build(objs)), "service-ips")["172.30.1.52 . tcp . 80"][0] == "goto ext-default/web/http/tcp"

@@ -329,8 +329,9 @@ class _Builder:
                 rules += self._select(sp, short, "fib saddr type local ")
             if external.verdict == "forward":
                 rules += self._select(sp, external.endpoints, "")
-            if not rules:
-                return None
+            else:  # no local endpoint: dropped here, not passed on to later lookups (another shard's
+                # NodePort on this local IP's port); kube-proxy's goto ends its services chain too
+                rules.append("drop")
         self.chains[name] = Chain(name, tuple(rules))
         return name
 
