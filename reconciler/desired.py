@@ -39,6 +39,7 @@ DEFAULT_AFFINITY_TIMEOUT = 10800
 PROTOCOLS = ("TCP", "UDP", "SCTP")
 _ADDRESS_TYPES = {"IPv4": "ipv4", "IPv6": "ipv6"}
 _NO_HINTS: frozenset[str] = frozenset()  # shared: every frozenset() call is a new 216-byte object
+_NO_CONDITIONS: dict[str, Any] = {}
 _SERIALS = itertools.count(1)  # DesiredState.serial: which document a PortDelta is relative to
 
 
@@ -370,45 +371,72 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     endpoints = []
     # the usual slice has one port: its endpoints carry it and need no copy per port later
     port_number = ports[0][2] if len(ports) == 1 else 0
+    af = socket.AF_INET6 if family == "ipv6" else socket.AF_INET
     for i, raw in enumerate(r.typed(("endpoints",), list, [])):
-        base = ("endpoints", i)
-        if not isinstance(raw, dict):
-            raise r.error(base, "expected a mapping")
-        addrs = raw.get("addresses")
-        if not isinstance(addrs, list) or not addrs:
-            raise r.error(base + ("addresses",), "an endpoint needs at least one address" if isinstance(addrs, list)
-                          or addrs is None else f"expected a list of addresses, got {_tname(type(addrs))}")
-        ip = normalize_ip(addrs[0])  # kube-proxy uses the first address only
-        if ip is None or ip_family(ip) != family:
-            ip = r.ip(base + ("addresses", 0), addrs[0])  # raises naming the place if invalid
-            raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
-        for j in range(1, len(addrs)):  # (the others, unused, must still be of the slice's type)
-            other = r.ip(base + ("addresses", j), addrs[j])
-            if ip_family(other) != family:
-                raise r.error(base + ("addresses", j), f"{other} is not an {addr_type} address")
-        cond = raw.get("conditions") or {}
-        if not isinstance(cond, dict):
-            raise r.error(base + ("conditions",), "expected a mapping")
-        ready = _flag(r, cond, "ready", True, base)
-        serving = _flag(r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
-        terminating = _flag(r, cond, "terminating", False, base)
-        hints = raw.get("hints") or {}
-        if not isinstance(hints, dict):
-            raise r.error(base + ("hints",), "expected a mapping")
-        node_name = raw.get("nodeName")
-        zone = raw.get("zone")
-        for key, value in (("nodeName", node_name), ("zone", zone)):
-            if value is not None and not isinstance(value, str):
-                raise r.error(base + (key,), f"expected string, got {_tname(type(value))}")
-        # a few names repeat across 100k endpoints: share one string each
-        node_name = intern(node_name) if node_name else node_name
-        zone = intern(zone) if zone else zone
-        endpoints.append(EndpointInfo(
-            ip=ip, port=port_number, ready=ready, serving=serving, terminating=terminating, node=node_name, zone=zone,
-            zoneHints=_hint_names(hints.get("forZones")) if hints else _NO_HINTS,
-            nodeHints=_hint_names(hints.get("forNodes")) if hints else _NO_HINTS,
-        ))
+        # the usual endpoint (one address, boolean conditions, names, no hints) decided here; any
+        # other shape, or anything wrong, by _endpoint, which names the place of what is wrong
+        ep = None
+        if type(raw) is dict and "hints" not in raw:
+            addrs, cond = raw.get("addresses"), raw.get("conditions")
+            node_name, zone = raw.get("nodeName"), raw.get("zone")
+            if (type(addrs) is list and len(addrs) == 1 and type(addrs[0]) is str and (cond is None or type(cond) is dict)
+                    and (node_name is None or type(node_name) is str) and (zone is None or type(zone) is str)):
+                get = (cond or _NO_CONDITIONS).get
+                ready, serving, terminating = get("ready"), get("serving"), get("terminating")
+                if ((ready is None or type(ready) is bool) and (serving is None or type(serving) is bool)
+                        and (terminating is None or type(terminating) is bool)):
+                    try:
+                        ip = socket.inet_ntop(af, socket.inet_pton(af, addrs[0]))
+                    except (OSError, ValueError):
+                        ip = None
+                    if ip is not None:
+                        ep = EndpointInfo(ip, port_number, ready is not False, serving is not False,
+                                          terminating is True, intern(node_name) if node_name else node_name,
+                                          intern(zone) if zone else zone, _NO_HINTS, _NO_HINTS)
+        endpoints.append(ep if ep is not None else _endpoint(r, raw, i, family, addr_type, port_number))
     return _Slice(obj.namespace, service, family, tuple(ports), tuple(endpoints))
+
+
+
+def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port_number: int) -> EndpointInfo:
+    """endpoints[i] of a slice, read with every check (raises InputError naming the field)."""
+    base = ("endpoints", i)
+    if not isinstance(raw, dict):
+        raise r.error(base, "expected a mapping")
+    addrs = raw.get("addresses")
+    if not isinstance(addrs, list) or not addrs:
+        raise r.error(base + ("addresses",), "an endpoint needs at least one address" if isinstance(addrs, list)
+                      or addrs is None else f"expected a list of addresses, got {_tname(type(addrs))}")
+    ip = normalize_ip(addrs[0])  # kube-proxy uses the first address only
+    if ip is None or ip_family(ip) != family:
+        ip = r.ip(base + ("addresses", 0), addrs[0])  # raises naming the place if invalid
+        raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
+    for j in range(1, len(addrs)):  # (the others, unused, must still be of the slice's type)
+        other = r.ip(base + ("addresses", j), addrs[j])
+        if ip_family(other) != family:
+            raise r.error(base + ("addresses", j), f"{other} is not an {addr_type} address")
+    cond = raw.get("conditions") or {}
+    if not isinstance(cond, dict):
+        raise r.error(base + ("conditions",), "expected a mapping")
+    ready = _flag(r, cond, "ready", True, base)
+    serving = _flag(r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
+    terminating = _flag(r, cond, "terminating", False, base)
+    hints = raw.get("hints") or {}
+    if not isinstance(hints, dict):
+        raise r.error(base + ("hints",), "expected a mapping")
+    node_name = raw.get("nodeName")
+    zone = raw.get("zone")
+    for key, value in (("nodeName", node_name), ("zone", zone)):
+        if value is not None and not isinstance(value, str):
+            raise r.error(base + (key,), f"expected string, got {_tname(type(value))}")
+    # a few names repeat across 100k endpoints: share one string each
+    node_name = intern(node_name) if node_name else node_name
+    zone = intern(zone) if zone else zone
+    return EndpointInfo(
+        ip=ip, port=port_number, ready=ready, serving=serving, terminating=terminating, node=node_name, zone=zone,
+        zoneHints=_hint_names(hints.get("forZones")) if hints else _NO_HINTS,
+        nodeHints=_hint_names(hints.get("forNodes")) if hints else _NO_HINTS,
+    )
 
 
 def _flag(r: _Reader, cond: dict[str, Any], key: str, default: bool, base: Path) -> bool:
