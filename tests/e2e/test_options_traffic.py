@@ -65,6 +65,27 @@ def test_nodeport_addresses_as_the_kernel_holds_them_and_never_loopback(lab, tmp
     assert outcomes(loopback) == {"refused": 3}
 
 
+def test_a_cluster_ip_that_is_a_local_address_keeps_its_host_sockets(lab, tmp_path, mode):
+    """The REJECT of a ClusterIP's unused ports and the service CIDR's DROP run for forwarded and
+    locally sent packets only, as kube-proxy's nftables mode hooks them: a ClusterIP that is also
+    a local address (a kube-ipvs0 left over) still reaches what listens on it (iptables rejected it)."""
+    src = str(tmp_path / "s")
+    write_state(src, docs())
+    reconciler(lab, "apply", *common_flags(src, mode, extra=["--service-cidr", "10.96.0.0/16"]))
+    host = lab.start_server("node", "host", [9191], udp=False)
+    lab.add_node_address("10.96.2.10", "lo")
+    try:
+        local = lab.tcp("pod1", "10.96.2.10", 9191, count=3)
+        service = lab.tcp("pod1", "10.96.2.10", 80, count=3)  # its service port: DNATed as ever
+    finally:
+        lab.del_node_address("10.96.2.10", "lo")
+        host.stop()
+    assert outcomes(local) == {"ok": 3} and set(servers(local)) == {"host"}
+    assert outcomes(service) == {"ok": 3} and set(servers(service)) <= {"pod1", "pod3"}
+    unused = lab.tcp("pod1", "10.96.2.10", 9191, count=2)  # not a local address now: forwarded, refused
+    assert outcomes(unused) == {"refused": 2}
+
+
 def test_masquerade_all_hides_pod_sources(lab, tmp_path, mode):
     src = str(tmp_path / "s")
     write_state(src, docs())

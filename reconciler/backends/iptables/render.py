@@ -22,12 +22,14 @@ nat table
   RECONCILER-MARK-MASQ    sets the masquerade mark 0x4000
   RECONCILER-NON-POD-MASQ only with several cluster CIDRs: marks sources outside all of them
   RECONCILER-POSTROUTING  hooked from POSTROUTING: masquerades marked packets
-filter table (post-DNAT; hooked from INPUT, FORWARD and OUTPUT for conntrack state NEW)
-  RECONCILER-FILTER       the hook target: jumps to the two chains below
+filter table (post-DNAT; hooked for conntrack state NEW)
+  RECONCILER-FILTER       the FORWARD and OUTPUT hook target: jumps to the three chains below
+  RECONCILER-FILTER-INPUT the INPUT hook target: FIREWALL and ENDPOINTS-CHECK only (as kube-proxy's
+                          nftables mode, a ClusterIP that is a local address keeps its host sockets)
   RECONCILER-FIREWALL     drops LB IP traffic that was not DNATed (source outside the ranges; without
                           endpoints, what comes from outside them: the rest is rejected below)
-  RECONCILER-ENDPOINTS-CHECK  REJECT / DROP for addresses and nodePorts without endpoints; with
-                          serviceCIDRs: REJECT unused ports of ClusterIPs, DROP unallocated IPs
+  RECONCILER-ENDPOINTS-CHECK  REJECT / DROP for addresses and nodePorts without endpoints
+  RECONCILER-CLUSTER-IPS  with serviceCIDRs: REJECT unused ports of ClusterIPs, DROP unallocated IPs
 
 Per-service rules carry ``-m comment --comment <service port id>`` (plans and service views use it).
 Every rule is written exactly as ``iptables-save`` prints it, so an observed chain compares equal to
@@ -56,6 +58,8 @@ MARK_MASQ = "RECONCILER-MARK-MASQ"
 NON_POD_MASQ = "RECONCILER-NON-POD-MASQ"
 POSTROUTING = "RECONCILER-POSTROUTING"
 FILTER = "RECONCILER-FILTER"
+FILTER_INPUT = "RECONCILER-FILTER-INPUT"
+CLUSTER_IPS = "RECONCILER-CLUSTER-IPS"
 FIREWALL = "RECONCILER-FIREWALL"
 ENDPOINTS_CHECK = "RECONCILER-ENDPOINTS-CHECK"
 SVC_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX = (f"{PREFIX}{k}-" for k in ("SVC", "EXT", "FW", "SEP"))
@@ -74,7 +78,7 @@ JUMPS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
     ("nat", "PREROUTING", (), "service portals", SERVICES),
     ("nat", "OUTPUT", (), "service portals", SERVICES),
     ("nat", "POSTROUTING", (), "masquerading", POSTROUTING),
-    ("filter", "INPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
+    ("filter", "INPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER_INPUT),
     ("filter", "FORWARD", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
     ("filter", "OUTPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
 )
@@ -473,13 +477,16 @@ class _Builder:
             Rule(POSTROUTING, ("-j", "MARK", "--set-xmark", f"{MASQ_MARK}/0x0")),
             Rule(POSTROUTING, ("-j", "MASQUERADE", "--random-fully")),
         )
-        check = [*self.no_endpoints, *self.no_endpoint_nodeports]
+        cluster_ips: list[Rule] = []
         if self.opts.serviceCIDRs:
-            check += [Rule(ENDPOINTS_CHECK, ("-d", self.fam.host(ip), *self.fam.reject)) for ip in self.cluster_ips]
-            check += [Rule(ENDPOINTS_CHECK, ("-d", cidr(c), "-j", "DROP")) for c in self.opts.serviceCIDRs]
+            cluster_ips += [Rule(CLUSTER_IPS, ("-d", self.fam.host(ip), *self.fam.reject)) for ip in self.cluster_ips]
+            cluster_ips += [Rule(CLUSTER_IPS, ("-d", cidr(c), "-j", "DROP")) for c in self.opts.serviceCIDRs]
         filt: dict[str, tuple[Rule, ...]] = {
-            FILTER: (Rule(FILTER, ("-j", FIREWALL)), Rule(FILTER, ("-j", ENDPOINTS_CHECK))),
+            FILTER: (Rule(FILTER, ("-j", FIREWALL)), Rule(FILTER, ("-j", ENDPOINTS_CHECK)),
+                     Rule(FILTER, ("-j", CLUSTER_IPS))),
+            FILTER_INPUT: (Rule(FILTER_INPUT, ("-j", FIREWALL)), Rule(FILTER_INPUT, ("-j", ENDPOINTS_CHECK))),
             FIREWALL: tuple(self.firewall),
-            ENDPOINTS_CHECK: tuple(check),
+            ENDPOINTS_CHECK: (*self.no_endpoints, *self.no_endpoint_nodeports),
+            CLUSTER_IPS: tuple(cluster_ips),
         }
         return {"filter": TableState(filt, wanted_jumps("filter")), "nat": TableState(nat, wanted_jumps("nat"))}
