@@ -310,7 +310,8 @@ class _Builder:
             if external.verdict != "forward":
                 self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
         for ip in blk.loadBalancerIPs:
-            if ext:
+            if ext:  # (-g, where kube-proxy jumps: what the FW chain lets through un-DNATed goes back to
+                # PREROUTING and RECONCILER-FIREWALL drops it, never on to a NodePort on the LB IP's port)
                 self.services.append(addr_rule(SERVICES, ip, *(("-g", fw_chain(sp)) if firewall else ("-j", ext))))
             if external.verdict != "forward":
                 self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
