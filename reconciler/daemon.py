@@ -207,7 +207,7 @@ class Daemon:
         self.backend = backend
         self.source: Source | None = source
         self.clock = clock
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(getattr(backend, "mode", None))
         self.health = health or ProxyHealth(2 * opts.sync_period, clock, node_eligible=self.node_eligible)
         self.service_health = service_health
         self.start_wall = clock.time()
@@ -529,7 +529,12 @@ class Daemon:
         seconds = self.clock.monotonic() - start
         msg = str(exc).strip() or type(exc).__name__
         self._need_full = True
-        self.metrics.syncs.labels(kind, "error").inc()
+        m = self.metrics
+        m.syncs.labels(kind, "error").inc()
+        m.sync_duration.observe(seconds)  # every attempt, as kube-proxy: a slow failure shows too
+        (m.full_sync_duration if kind == "full" else m.partial_sync_duration).observe(seconds)
+        if m.kernel_tool_failures is not None and isinstance(exc, (KernelError, OSError)):
+            m.kernel_tool_failures.inc()  # (incremental attempts too: kube-proxy counts each failure)
         if not quiet:
             self.metrics.kernel_errors.inc()
             if isinstance(exc, (KernelError, OSError)):
@@ -575,7 +580,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
 
     setup_logging(getattr(args, "log_format", "text") or "text", bool(getattr(args, "verbose", False)))
     backend = get_backend(opts.mode)
-    metrics = Metrics()
+    metrics = Metrics(opts.mode)
     daemon = Daemon(opts, backend, None, metrics=metrics)
     if opts.nodeport_cidrs is None:
         hosts: Any = default_hosts()

@@ -2,6 +2,7 @@
 
 Names follow kube-proxy (pkg/proxy/metrics) where they mean the same thing; ours start with
 `reconciler_`. One sync programs both IP families, so the sync metrics carry no ip_family label.
+The process's own metrics (process_*, python_*) come with it, as kube-proxy's process_* and go_*.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ import datetime as _dt
 import logging
 from typing import Any, Iterable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector, ProcessCollector,
+)
 
 from .sources.objects import SourceObject
 from .state import DesiredState, PortChanges
@@ -31,11 +34,25 @@ TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
 class Metrics:
     """Every metric the daemon exports, registered in `self.registry`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, mode: str | None = None, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._nle_changes = PortChanges()
         self._nle_totals = [0, 0]
         r = self.registry
+        if registry is None:  # (a registry given may have them already)
+            ProcessCollector(registry=r)
+            PlatformCollector(registry=r)
+            GCCollector(registry=r)
+        # kube-proxy's per-mode count of failed kernel transactions (every attempt, as its alerts expect)
+        self.kernel_tool_failures: Counter | None = None
+        if mode == "nftables":
+            self.kernel_tool_failures = Counter(
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "Cumulative proxy nftables sync failures", registry=r)
+        elif mode == "iptables":
+            self.kernel_tool_failures = Counter(
+                "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
+                "Cumulative proxy iptables restore failures", registry=r)
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
             buckets=SYNC_BUCKETS, registry=r)

@@ -1021,3 +1021,41 @@ def test_run_invalid_bind_address_exits_1(tmp_path: Path) -> None:
                                  "--metrics-bind-address", "localhost:10249", "--healthz-bind-address", ""])
     assert code == 1
     assert "--metrics-bind-address: bind address 'localhost:10249' must be an IP address" in out
+
+
+def test_kernel_tool_failures_are_counted_under_kube_proxys_names_and_timed() -> None:
+    """kube-proxy's alerts watch kubeproxy_sync_proxy_rules_{nftables_sync,iptables_restore}_failures_total,
+    which count every failed attempt; its sync duration histograms take failed attempts too."""
+    from reconciler.metrics import Metrics
+
+    assert Metrics("iptables").registry.get_sample_value(
+        "kubeproxy_sync_proxy_rules_iptables_restore_failures_total") == 0
+    assert Metrics("nftables").registry.get_sample_value("process_cpu_seconds_total") is not None
+    d, backend, source, clock = make()
+    d.metrics = Metrics("nftables")
+    d.step()
+    real_apply = backend.apply
+    calls = []
+
+    def apply_once_failing(ops: list[Operation]) -> list[int] | None:
+        calls.append(ops)
+        if len(calls) == 1:
+            raise KernelError("nft: No such file or directory")
+        return real_apply(ops)
+
+    backend.apply = apply_once_failing  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().ok  # type: ignore[union-attr]  # (the full retry)
+    failures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+    assert value(d, failures) == 1  # the incremental attempt, though the sync recovered at once
+    assert value(d, "kubeproxy_sync_proxy_rules_duration_seconds_count") == 3  # first, failed, retry
+    assert value(d, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
+    backend.fail = KernelError("nft: Error: Could not process rule")
+    source.objects = web(eps=("10.244.1.78",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().ok is False  # type: ignore[union-attr]
+    assert value(d, failures) == 3  # the incremental attempt and its full retry
+    assert value(d, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 3  # first, retry, retry
