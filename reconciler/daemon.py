@@ -536,7 +536,7 @@ class Daemon:
         if m.kernel_tool_failures is not None and isinstance(exc, (KernelError, OSError)):
             m.kernel_tool_failures.inc()  # (incremental attempts too: kube-proxy counts each failure)
         if not quiet:
-            self.metrics.kernel_errors.inc()
+            m.kernel_errors.inc()
             if isinstance(exc, (KernelError, OSError)):
                 log.error("sync %s failed: %s", kind, msg, extra=_fields(sync=kind, error=msg))
             else:

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from .sources.objects import InputError, InputErrors, Path, SourceObject
 from .state import (
-    DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
+    LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
     ServicePortFamily, TrafficPath,
 )
 from .topology import EndpointInfo, categorize_endpoints
@@ -302,9 +302,6 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     )
 
 
-_LOOPBACK = {"ipv4": ipaddress.ip_network("127.0.0.0/8"), "ipv6": ipaddress.ip_network("::1/128")}
-
-
 def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:
     """A family's nodePort addresses (None: every local address but loopback), as kube-proxy's
     NodePortAddresses reads the flag: a family it names no CIDR of, or CIDRs that cover every
@@ -317,7 +314,7 @@ def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family)
     nets = list(ipaddress.collapse_addresses(ipaddress.ip_network(c) for c in split[family]))  # type: ignore[misc]
     if any(n.prefixlen == 0 for n in nets):
         return None
-    loopback = _LOOPBACK[family]
+    loopback = LOOPBACK[nets[0].version]
     return tuple(str(n) for n in nets if not n.subnet_of(loopback))  # type: ignore[arg-type]
 
 
@@ -395,7 +392,6 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
                                           intern(zone) if zone else zone, _NO_HINTS, _NO_HINTS)
         endpoints.append(ep if ep is not None else _endpoint(r, raw, i, family, addr_type, port_number))
     return _Slice(obj.namespace, service, family, tuple(ports), tuple(endpoints))
-
 
 
 def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port_number: int) -> EndpointInfo:

@@ -219,7 +219,13 @@ class NodeInfo:
         return d
 
 
-_LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}
+LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}  # by IP version
+
+
+def holds_loopback(cidr: str) -> bool:
+    """Whether a CIDR holds its family's loopback addresses (0.0.0.0/1 holds 127.0.0.0/8)."""
+    net = ipaddress.ip_network(cidr, strict=False)
+    return net.supernet_of(LOOPBACK[net.version])  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -235,8 +241,7 @@ class FamilyOptions:
     def nodePortsHoldLoopback(self) -> bool:
         """Whether a nodePort CIDR holds this family's loopback addresses (0.0.0.0/1 holds
         127.0.0.0/8), which the backends leave out as they do with every local address."""
-        return any(ipaddress.ip_network(c).supernet_of(_LOOPBACK[ipaddress.ip_network(c).version])  # type: ignore[arg-type]
-                   for c in self.nodePortCIDRs or ())
+        return any(holds_loopback(c) for c in self.nodePortCIDRs or ())
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"clusterCIDRs": list(self.clusterCIDRs), "serviceCIDRs": list(self.serviceCIDRs)}

@@ -550,9 +550,8 @@ def test_failed_resyncs_with_nothing_to_do_leave_health_alone_but_unrepaired_dri
         assert d.health.body(with_node=True)[0] == status
 
 
-def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
-    d, backend, source, clock = make()
-    d.step()
+def change_with_the_next_apply_failing(d: Daemon, backend: FakeBackend, source: FakeSource, clock: FakeClock) -> None:
+    """An endpoint changes (an incremental sync is due) and the backend's next apply fails once."""
     real_apply = backend.apply
     calls = []
 
@@ -566,6 +565,12 @@ def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
     source.objects = web(eps=("10.244.1.77",))
     d.notify()
     clock.advance(2)
+
+
+def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
+    d, backend, source, clock = make()
+    d.step()
+    change_with_the_next_apply_failing(d, backend, source, clock)
     report = d.step()
     assert report is not None and report.ok and report.kind == "full"
     assert value(d, "reconciler_kernel_errors_total") == 0  # recovered at once
@@ -1034,19 +1039,7 @@ def test_kernel_tool_failures_are_counted_under_kube_proxys_names_and_timed() ->
     d, backend, source, clock = make()
     d.metrics = Metrics("nftables")
     d.step()
-    real_apply = backend.apply
-    calls = []
-
-    def apply_once_failing(ops: list[Operation]) -> list[int] | None:
-        calls.append(ops)
-        if len(calls) == 1:
-            raise KernelError("nft: No such file or directory")
-        return real_apply(ops)
-
-    backend.apply = apply_once_failing  # type: ignore[method-assign]
-    source.objects = web(eps=("10.244.1.77",))
-    d.notify()
-    clock.advance(2)
+    change_with_the_next_apply_failing(d, backend, source, clock)
     assert d.step().ok  # type: ignore[union-attr]  # (the full retry)
     failures = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
     assert value(d, failures) == 1  # the incremental attempt, though the sync recovered at once

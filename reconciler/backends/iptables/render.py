@@ -48,6 +48,7 @@ from typing import Any
 
 from ...state import (
     FAMILIES, DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath,
+    holds_loopback,
 )
 from .save import BUILTIN_CHAINS, Rule, format_probability
 
@@ -444,9 +445,7 @@ class _Builder:
             return [(("!", "-d", self.fam.loopback), local)]
         # a CIDR holding loopback (0.0.0.0/1) without it: NodePorts are never served there
         not_loopback = ("-m", "iprange", "!", "--dst-range", self.fam.loopback_range)
-        loopback = ipaddress.ip_network(self.fam.loopback)
-        return [(("-d", cidr(c)), (*(not_loopback if ipaddress.ip_network(c).supernet_of(loopback) else ()), *local))
-                for c in cidrs]
+        return [(("-d", cidr(c)), (*(not_loopback if holds_loopback(c) else ()), *local)) for c in cidrs]
 
     def freeze(self) -> None:
         """A finished fragment: its chains as Rule tuples, made once and shared by every render."""
