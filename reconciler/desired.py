@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sys import intern
 from typing import Any, Iterable
 
-from .sources.objects import InputError, InputErrors, Path, SourceObject
+from .sources.objects import InputError, InputErrors, Path, SourceObject, format_path
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
     ServicePortFamily, TrafficPath,
@@ -55,15 +55,73 @@ class BuildOptions:
     node_labels: dict[str, str] = field(default_factory=dict)  # used when no Node object is given
 
 
-def normalize_ip(text: Any) -> str | None:
-    """The canonical text of an IP address (what nft and iptables print), or None if invalid."""
-    if not isinstance(text, str):
-        return None
-    fam = socket.AF_INET6 if ":" in text else socket.AF_INET
+# Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy / ParseCIDRSloppy,
+# k8s.io/utils/net): Go's strict parser first; failing that, leading zeros are dropped from the
+# octets of a dotted quad (the whole address, or an IPv6 address's IPv4 tail) and from a prefix
+# length after it, and the result is parsed again. So 010.0.0.5 is 10.0.0.5 (decimal, never
+# octal; 0x0a is no number). An IPv4-mapped IPv6 address (::ffff:a.b.c.d) is the IPv4 address.
+_LEADING_ZEROS = re.compile(r"(^|:)0*(0|[1-9][0-9]*)\.0*(0|[1-9][0-9]*)\.0*(0|[1-9][0-9]*)\.0*(0|[1-9][0-9]*)"
+                            r"((/)0*(0|[1-9][0-9]*))?\Z")
+_STRIP_ZEROS = r"\1\2.\3.\4.\5\7\8"
+_V4_MAPPED = bytes(10) + b"\xff\xff"  # the first 12 bytes of ::ffff:a.b.c.d
+_ZEROS_NOTE = "leading zeros are decimal to kube-proxy, octal to some other tools"
+_MAPPED_NOTE = "an IPv4-mapped IPv6 address is IPv4 to kube-proxy"
+
+
+def _pton(text: str) -> bytes | None:
+    """The 4 or 16 bytes of an address written as Go's net.ParseIP requires, or None."""
     try:
-        return socket.inet_ntop(fam, socket.inet_pton(fam, text))
+        return socket.inet_pton(socket.AF_INET6 if ":" in text else socket.AF_INET, text)
     except (OSError, ValueError):
         return None
+
+
+def _read_ip(text: str) -> tuple[str, str] | None:
+    """An IP address as kube-proxy reads it: its canonical text (what nft and iptables print) and
+    why it was read loosely ('' if it was not); None if invalid."""
+    note = ""
+    packed = _pton(text)
+    if packed is None:
+        packed = _pton(_LEADING_ZEROS.sub(_STRIP_ZEROS, text))
+        if packed is None:
+            return None
+        note = _ZEROS_NOTE
+    if packed[:12] == _V4_MAPPED:
+        return socket.inet_ntop(socket.AF_INET, packed[12:]), f"{note}; {_MAPPED_NOTE}" if note else _MAPPED_NOTE
+    return socket.inet_ntop(socket.AF_INET6 if len(packed) == 16 else socket.AF_INET, packed), note
+
+
+def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
+    """Go's net.ParseCIDR: a strict address, '/' and a decimal prefix length (leading zeros allowed)."""
+    addr, slash, bits = text.partition("/")
+    packed = _pton(addr) if slash and bits.isascii() and bits.isdigit() else None
+    if packed is None:
+        return None
+    try:
+        return (ipaddress.IPv4Network if len(packed) == 4 else ipaddress.IPv6Network)((packed, int(bits)), strict=False)
+    except ValueError:
+        return None
+
+
+def _read_cidr(text: str) -> tuple[str, str] | None:
+    """A CIDR as kube-proxy reads it (an IPv4-mapped IPv6 network of /96 or longer is IPv4, as Go
+    prints it): its canonical text and why it was read loosely, as _read_ip; None if invalid."""
+    note = ""
+    net = _network(text)
+    if net is None:
+        net = _network(_LEADING_ZEROS.sub(_STRIP_ZEROS, text))
+        if net is None:
+            return None
+        note = _ZEROS_NOTE
+    if isinstance(net, ipaddress.IPv6Network) and (v4 := net.network_address.ipv4_mapped) is not None:
+        return str(ipaddress.IPv4Network((v4, net.prefixlen - 96))), f"{note}; {_MAPPED_NOTE}" if note else _MAPPED_NOTE
+    return str(net), note
+
+
+def normalize_ip(text: Any) -> str | None:
+    """The canonical text of an IP address as kube-proxy reads it, or None if invalid."""
+    read = _read_ip(text) if isinstance(text, str) else None
+    return read[0] if read else None
 
 
 def ip_family(addr: str) -> Family:
@@ -83,13 +141,18 @@ def _split_cidrs(cidrs: Iterable[str]) -> dict[Family, tuple[str, ...]]:
 
 
 class _Reader:
-    """Typed access to one object's fields; every failure becomes an InputError at file:line."""
+    """Typed access to one object's fields; every failure becomes an InputError at file:line, and
+    every warning goes to `warnings` as 'file:line:column: field: message'."""
 
-    def __init__(self, obj: SourceObject):
+    def __init__(self, obj: SourceObject, warnings: list[str] | None = None):
         self.obj = obj
+        self.warnings = [] if warnings is None else warnings
 
     def error(self, path: Path, msg: str) -> InputError:
         return InputError(self.obj.where(path), msg, path)
+
+    def warn(self, path: Path, msg: str) -> None:
+        self.warnings.append(f"{self.obj.where(path)}: {format_path(path)}: {msg}")
 
     def get(self, path: Path, default: Any = None) -> Any:
         node: Any = self.obj.body
@@ -127,18 +190,27 @@ class _Reader:
         return v
 
     def ip(self, path: Path, value: Any = None) -> str:
+        """The IP address at path (or `value`, read from there) as kube-proxy reads it; a loose
+        spelling (010.0.0.5, ::ffff:10.0.0.5) gets a warning."""
         v = self.typed(path, str) if value is None else value
-        ip = normalize_ip(v)
-        if ip is None:
+        read = _read_ip(v) if isinstance(v, str) else None
+        if read is None:
             raise self.error(path, f"invalid IP address {v!r}")
-        return ip
+        if read[1]:
+            self.warn(path, f"{v!r} is read as {read[0]} ({read[1]})")
+        return read[0]
 
-    def cidr(self, path: Path) -> str:
-        v = self.typed(path, str)
-        try:
-            return str(ipaddress.ip_network(v.strip(), strict=False))
-        except (ValueError, AttributeError):
-            raise self.error(path, f"invalid CIDR {v!r}") from None
+    def cidr(self, path: Path) -> str | None:
+        """The CIDR at path as kube-proxy reads it (blanks around it allowed; a loose spelling
+        warned about, as in ip()); None, with a warning, if it is none: kube-proxy ignores it."""
+        v = self.typed(path, str, "")
+        read = _read_cidr(v.strip())
+        if read is None:
+            self.warn(path, f"invalid CIDR {v!r}; ignored, as kube-proxy ignores it")
+            return None
+        if read[1]:
+            self.warn(path, f"{v!r} is read as {read[0]} ({read[1]})")
+        return read[0]
 
     def enum(self, path: Path, allowed: tuple[str, ...], default: str) -> str:
         v = self.typed(path, str, default)
@@ -198,7 +270,7 @@ def _port_name(r: _Reader, path: Path) -> str:
 
 
 def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
-    r = _Reader(obj)
+    r = _Reader(obj, warnings)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
@@ -267,14 +339,19 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     if svc_type == "LoadBalancer":
         for i, _ in enumerate(r.typed(("status", "loadBalancer", "ingress"), list, [])):
             base = ("status", "loadBalancer", "ingress", i)
-            if r.get(base + ("ip",)) is None or r.get(base + ("ipMode",)) == "Proxy":
-                continue  # hostname-only ingress, or the LB proxies itself: nothing to program
+            if r.get(base + ("ip",)) in (None, "") or r.get(base + ("ipMode",)) == "Proxy":
+                continue  # hostname-only ingress ("" is no ip to kube-proxy), or the LB proxies itself
             ip = r.ip(base + ("ip",))
             lb_ips[ip_family(ip)].append(ip)
     ranges: dict[Family, list[str]] = defaultdict(list)
-    for i, _ in enumerate(r.typed(("spec", "loadBalancerSourceRanges"), list, [])):
+    raw_ranges = r.typed(("spec", "loadBalancerSourceRanges"), list, [])
+    for i in range(len(raw_ranges)):
         c = r.cidr(("spec", "loadBalancerSourceRanges", i))
-        ranges[ip_family(c)].append(c)
+        if c is not None:
+            ranges[ip_family(c)].append(c)
+    if raw_ranges and not ranges:
+        r.warn(("spec", "loadBalancerSourceRanges"), "no valid range: every source may reach the load balancer "
+               "IPs, as with kube-proxy")
 
     affinity = r.enum(("spec", "sessionAffinity"), ("None", "ClientIP"), "None")
     timeout = None
@@ -339,7 +416,7 @@ class _Slice:
 
 
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
-    r = _Reader(obj)
+    r = _Reader(obj, warnings)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None
@@ -362,13 +439,17 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
         base: Path = ("ports", i)
         name = _port_name(r, base + ("name",))
         protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
-        port = r.port(base + ("port",), required=False)
-        if port is not None:
-            ports.append((name, protocol, port))
+        port = r.port(base + ("port",), required=False, zero_unset=True)
+        if port is None:
+            r.warn(base + ("port",), f"{'port 0' if r.get(base + ('port',)) == 0 else 'no port number'}; "
+                   "ignored, as kube-proxy ignores it")
+            continue
+        ports.append((name, protocol, port))
     endpoints = []
     # the usual slice has one port: its endpoints carry it and need no copy per port later
     port_number = ports[0][2] if len(ports) == 1 else 0
-    af = socket.AF_INET6 if family == "ipv6" else socket.AF_INET
+    v6 = family == "ipv6"
+    af = socket.AF_INET6 if v6 else socket.AF_INET
     for i, raw in enumerate(r.typed(("endpoints",), list, [])):
         # the usual endpoint (one address, boolean conditions, names, no hints) decided here; any
         # other shape, or anything wrong, by _endpoint, which names the place of what is wrong
@@ -383,34 +464,38 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
                 if ((ready is None or type(ready) is bool) and (serving is None or type(serving) is bool)
                         and (terminating is None or type(terminating) is bool)):
                     try:
-                        ip = socket.inet_ntop(af, socket.inet_pton(af, addrs[0]))
+                        packed = socket.inet_pton(af, addrs[0])  # (an IPv4-mapped one: _endpoint)
+                        ip = None if v6 and packed[:12] == _V4_MAPPED else socket.inet_ntop(af, packed)
                     except (OSError, ValueError):
                         ip = None
                     if ip is not None:
                         ep = EndpointInfo(ip, port_number, ready is not False, serving is not False,
                                           terminating is True, intern(node_name) if node_name else node_name,
                                           intern(zone) if zone else zone, _NO_HINTS, _NO_HINTS)
-        endpoints.append(ep if ep is not None else _endpoint(r, raw, i, family, addr_type, port_number))
+        if ep is None:
+            ep = _endpoint(r, raw, i, family, addr_type, port_number)
+            if ep is None:
+                continue
+        endpoints.append(ep)
     return _Slice(obj.namespace, service, family, tuple(ports), tuple(endpoints))
 
 
-def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port_number: int) -> EndpointInfo:
-    """endpoints[i] of a slice, read with every check (raises InputError naming the field)."""
+def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port_number: int
+              ) -> EndpointInfo | None:
+    """endpoints[i] of a slice, read with every check (raises InputError naming the field); None,
+    with a warning, for one without addresses (kube-proxy ignores it)."""
     base = ("endpoints", i)
     if not isinstance(raw, dict):
         raise r.error(base, "expected a mapping")
     addrs = raw.get("addresses")
-    if not isinstance(addrs, list) or not addrs:
-        raise r.error(base + ("addresses",), "an endpoint needs at least one address" if isinstance(addrs, list)
-                      or addrs is None else f"expected a list of addresses, got {_tname(type(addrs))}")
-    ip = normalize_ip(addrs[0])  # kube-proxy uses the first address only
-    if ip is None or ip_family(ip) != family:
-        ip = r.ip(base + ("addresses", 0), addrs[0])  # raises naming the place if invalid
-        raise r.error(base + ("addresses", 0), f"{ip} is not an {addr_type} address")
+    if not isinstance(addrs, list) and addrs is not None:
+        raise r.error(base + ("addresses",), f"expected a list of addresses, got {_tname(type(addrs))}")
+    if not addrs:
+        r.warn(base + ("addresses",), "no address; ignored, as kube-proxy ignores it")
+        return None
+    ip = _address(r, base + ("addresses", 0), addrs[0], family, addr_type)  # kube-proxy uses the first only
     for j in range(1, len(addrs)):  # (the others, unused, must still be of the slice's type)
-        other = r.ip(base + ("addresses", j), addrs[j])
-        if ip_family(other) != family:
-            raise r.error(base + ("addresses", j), f"{other} is not an {addr_type} address")
+        _address(r, base + ("addresses", j), addrs[j], family, addr_type)
     cond = raw.get("conditions") or {}
     if not isinstance(cond, dict):
         raise r.error(base + ("conditions",), "expected a mapping")
@@ -433,6 +518,14 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
         zoneHints=_hint_names(hints.get("forZones")) if hints else _NO_HINTS,
         nodeHints=_hint_names(hints.get("forNodes")) if hints else _NO_HINTS,
     )
+
+
+def _address(r: _Reader, path: Path, text: Any, family: Family, addr_type: str) -> str:
+    """An endpoint address, which must be of the slice's family (as kube-proxy reads it)."""
+    ip = r.ip(path, text)
+    if ip_family(ip) != family:
+        raise r.error(path, f"{ip if ip == text else f'{text!r}, read as {ip},'} is not an {addr_type} address")
+    return ip
 
 
 def _flag(r: _Reader, cond: dict[str, Any], key: str, default: bool, base: Path) -> bool:

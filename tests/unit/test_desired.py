@@ -197,6 +197,41 @@ def test_lb_ips_are_allowed_sources_when_the_node_is_inside_a_range():
     assert _lb(["172.30.0.0/16"], internal).loadBalancerSourceRanges == ("172.30.0.0/16",)
 
 
+def test_loosely_written_addresses_are_read_as_kube_proxy_reads_them():
+    """netutils.ParseIPSloppy / ParseCIDRSloppy, which the API server's legacy validation accepts:
+    leading zeros are decimal, an IPv4-mapped IPv6 address is IPv4 (it was classed IPv6: an
+    external IP never programmed, an IPv4 slice's endpoint refused). The document carries the
+    canonical form, each loose spelling is warned about, and a duplicate so written is one."""
+    svc = service("lb", "010.096.000.001", [{**HTTP[0], "nodePort": 30001}], type="LoadBalancer",
+                  clusterIPs=["010.096.000.001", "fd00:0096::0001"],
+                  externalIPs=["::ffff:192.0.2.7", "198.051.100.001", "198.51.100.1"],
+                  loadBalancerSourceRanges=["010.0.0.0/08", "::ffff:203.0.113.0/120", "fd00::/0064"])
+    svc.body["status"] = {"loadBalancer": {"ingress": [{"ip": "172.030.001.013"}, {"ip": "::ffff:172.30.1.14"}]}}
+    objs = [svc, endpoint_slice("lb", [endpoint("010.244.001.005"), endpoint("::ffff:10.244.1.6", node="node-b")])]
+    state = build(objs)
+    sp = only(state, "default/lb:http/TCP")
+    v4, v6 = sp.family("ipv4"), sp.family("ipv6")
+    assert (v4.clusterIP, v6.clusterIP) == ("10.96.0.1", "fd00:96::1")
+    assert v4.externalIPs == ("192.0.2.7", "198.51.100.1") and v6.externalIPs == ()
+    assert v4.loadBalancerIPs == ("172.30.1.13", "172.30.1.14") and v6.loadBalancerIPs == ()
+    assert v4.loadBalancerSourceRanges == ("10.0.0.0/8", "203.0.113.0/24")
+    assert [str(e) for e in v4.internal.endpoints] == ["10.244.1.5:8080", "10.244.1.6:8080"]
+    assert len([w for w in state.warnings if "is read as" in w]) == 9  # all but fd00:0096::0001, fd00::/0064
+    assert ("mem:default/lb: spec.externalIPs[0]: '::ffff:192.0.2.7' is read as 192.0.2.7 (an IPv4-mapped IPv6 "
+            "address is IPv4 to kube-proxy)") in state.warnings
+    import jsonschema
+    with open(os.path.join(os.path.dirname(STATE_DIR), "schemas", "desired-state.schema.json")) as fh:
+        jsonschema.validate(state.to_dict(), json.load(fh))
+    # the same written plainly: the same document, no warning
+    plain = [service("lb", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="LoadBalancer",
+                     clusterIPs=["10.96.0.1", "fd00:96::1"], externalIPs=["192.0.2.7", "198.51.100.1"],
+                     loadBalancerSourceRanges=["10.0.0.0/8", "203.0.113.0/24", "fd00::/64"]),
+             endpoint_slice("lb", [endpoint("10.244.1.5"), endpoint("10.244.1.6", node="node-b")])]
+    plain[0].body["status"] = {"loadBalancer": {"ingress": [{"ip": "172.30.1.13"}, {"ip": "172.30.1.14"}]}}
+    again = build(plain)
+    assert again.to_dict() == state.to_dict() and again.warnings == ()
+
+
 def test_document_is_deterministic_whatever_the_file_order(tmp_path):
     opts = BuildOptions("node-a", ("10.244.0.0/16",))
     first = json.dumps(build_desired_state(load_directory(STATE_DIR).objects, opts).to_dict())

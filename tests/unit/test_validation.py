@@ -191,3 +191,127 @@ def test_an_integer_with_a_leading_zero_is_refused_not_guessed(tmp_path):
     assert "svc.yaml:10:13: invalid YAML: 0120 is 80 to YAML 1.1 readers such as kubectl and 120 in YAML 1.2" in msg
     for spelled in (" 0120", "+0120", "\n        0120"):  # two blanks, a sign, on the next line
         assert "0120 is 80 to YAML 1.1" in errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=spelled, proto="TCP"))
+
+
+# netutils.ParseIPSloppy / ParseCIDRSloppy (k8s.io/utils/net), with the cases of its ips_test.go:
+# Go's parser, then leading zeros of a dotted quad (and of a prefix length after it) dropped and
+# read as decimal; an IPv4-mapped IPv6 address is IPv4 (Go's To4)
+GOOD_IPS = {
+    "192.168.0.5": "192.168.0.5", "192.168.000.005": "192.168.0.5", "000.000.000.000": "0.0.0.0",
+    "010.0.0.5": "10.0.0.5", "0010.0.0.1": "10.0.0.1",  # decimal: 010 is 10, not octal 8
+    "2001:0db8::0005": "2001:db8::5", "2001:DB8::5": "2001:db8::5",
+    "0000:0000:0000:0000:0000:0000:0000:0001": "::1", "1:2:3:4:5:6:01.02.03.04": "1:2:3:4:5:6:102:304",
+    "::ffff:192.168.0.5": "192.168.0.5", "::ffff:0192.0168.0000.0005": "192.168.0.5", "::FFFF:c0a8:5": "192.168.0.5",
+}
+BAD_IPS = [
+    "", "bad ip", "www.example.com", "1.2.3.400", "1.2..4", "1.2.3", "1.2.3.4.5", "1:2::12345", "1::2::3", "1:2:::3",
+    "1:2:3", "1:2:3:4:5:6:7:8:9", "1:2:3:4::6:7:8:9", "1.2.3.4:80", "[2001:db8::5]", "[2001:db8::5]:80",
+    "169.254.169.254%eth0", "fe80::1234%eth0", "1.2.3.0/24", "2001:db8::/64", " 1.2.3.4", "1.2.3.4 ", "010.0.0.5\n",
+    "0x0a.0.0.5", "0xa.0.0.5", "0x.0.0.5", "0377.0.0.1", "0256.0.0.1", "1:2:3:4:5:6:7:08.0.0.1", "a:01.2.3.4",
+]
+GOOD_CIDRS = {
+    "1.2.3.0/24": "1.2.3.0/24", "1.2.3.4/24": "1.2.3.0/24", "000.000.000.000/000": "0.0.0.0/0",
+    "010.0.0.0/08": "10.0.0.0/8", "10.0.0.0/008": "10.0.0.0/8", "2001:DB8::1/064": "2001:db8::/64", "::/0": "::/0",
+    "::ffff:1.1.1.0/120": "1.1.1.0/24", "::ffff:01.01.01.00/0120": "1.1.1.0/24",
+    "::ffff:1.2.3.4/96": "0.0.0.0/0", "::ffff:1.2.3.4/95": "::fffe:0:0/95",  # (what Go's IPNet prints)
+}
+BAD_CIDRS = [
+    "", "bad cidr", "1.2.300.0/24", "2001:db8000::/64", "1.2.3.4/64", "2001:db8::5/192", "1.2.3.0/-8", "1.2.3.0/+24",
+    "www.example.com/24", "192.168.0.1/0/99", "1.2.3.4", "2001:db8::1", " 1.2.3.0/24", "1.2.3.0/24 ", "10.0.0.0/",
+    "10.0.0.0/255.0.0.0", "10.0.0.0/0.255.255.255", "fe80::%eth0/64", "1.2.3.0/\uff12\uff14", "0x0a.0.0.0/8",
+]
+
+
+def test_addresses_and_ranges_are_parsed_as_kube_proxy_parses_them():
+    from reconciler.desired import _read_cidr, _read_ip, normalize_ip
+
+    assert {s: normalize_ip(s) for s in GOOD_IPS} == GOOD_IPS
+    assert [s for s in BAD_IPS if normalize_ip(s) is not None] == []
+    assert {s: (_read_cidr(s) or ("",))[0] for s in GOOD_CIDRS} == GOOD_CIDRS
+    assert [s for s in BAD_CIDRS if _read_cidr(s) is not None] == []
+    # what was read loosely says why; a strict spelling, even one not canonical, says nothing
+    assert [_read_ip(s)[1] for s in ("192.168.0.5", "2001:DB8::5")] == ["", ""]
+    assert "leading zeros are decimal" in _read_ip("010.0.0.5")[1]
+    assert "IPv4-mapped" in _read_ip("::ffff:10.0.0.5")[1] and "IPv4-mapped" in _read_cidr("::ffff:10.0.0.0/104")[1]
+
+
+def build_warnings(tmp_path, text: str):
+    with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
+        fh.write(text)
+    state = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
+    return state, [w.replace(f"{tmp_path}/", "") for w in state.warnings]
+
+
+IGNORED = """apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.1
+  ports: [{name: http, port: 80, nodePort: 30080}]
+  loadBalancerSourceRanges: [10.0.0.0/33, " 192.168.0.0/16 ", "", 10.1.0.0]
+status:
+  loadBalancer:
+    ingress: [{ip: ""}, {ip: 172.30.1.13}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: default, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: 8080}, {name: metrics, port: 0}, {name: admin}]
+endpoints:
+  - addresses: []
+  - addresses: [10.244.1.5]
+  - nodeName: node-a
+"""
+
+
+def test_entries_kube_proxy_ignores_are_skipped_with_a_warning_at_their_place(tmp_path):
+    """kube-proxy drops the entry, not the object: a source range that is no CIDR
+    (MapCIDRsByIPFamily), an endpoint without addresses and a slice port without a number or 0
+    (endpointslicecache.go); an ingress ip "" is no ip (Go cannot tell it from an absent one)."""
+    state, warnings = build_warnings(tmp_path, IGNORED)
+    ignored = "ignored, as kube-proxy ignores it"
+    assert warnings == sorted([
+        f"svc.yaml:8:30: spec.loadBalancerSourceRanges[0]: invalid CIDR '10.0.0.0/33'; {ignored}",
+        f"svc.yaml:8:63: spec.loadBalancerSourceRanges[2]: invalid CIDR ''; {ignored}",
+        f"svc.yaml:8:67: spec.loadBalancerSourceRanges[3]: invalid CIDR '10.1.0.0'; {ignored}",  # (a CIDR needs a /)
+        f"svc.yaml:17:51: ports[1].port: port 0; {ignored}",
+        f"svc.yaml:17:61: ports[2].port: no port number; {ignored}",
+        f"svc.yaml:19:5: endpoints[0].addresses: no address; {ignored}",
+        f"svc.yaml:21:5: endpoints[2].addresses: no address; {ignored}",
+    ])
+    blk = state.by_id()["default/lb:http/TCP"].family("ipv4")
+    assert blk.loadBalancerSourceRanges == ("192.168.0.0/16",) and blk.loadBalancerIPs == ("172.30.1.13",)
+    assert [str(e) for e in blk.internal.endpoints] == ["10.244.1.5:8080"]
+    # no valid range left: open to every source, as kube-proxy leaves it, and said so
+    state, warnings = build_warnings(tmp_path, IGNORED.replace('" 192.168.0.0/16 "', "x"))
+    assert state.by_id()["default/lb:http/TCP"].family("ipv4").loadBalancerSourceRanges == ()
+    assert ("svc.yaml:8:3: spec.loadBalancerSourceRanges: no valid range: every source may reach the load "
+            "balancer IPs, as with kube-proxy") in warnings
+
+
+def test_loosely_written_addresses_are_read_with_a_warning_at_their_place(tmp_path):
+    text = IGNORED.replace("clusterIP: 10.96.0.1", 'clusterIP: 010.096.000.001\n  externalIPs: ["::ffff:192.0.2.7"]')
+    state, warnings = build_warnings(tmp_path, text.replace("[10.244.1.5]", "[010.244.001.005]"))
+    zeros = "(leading zeros are decimal to kube-proxy, octal to some other tools)"
+    assert f"svc.yaml:6:3: spec.clusterIP: '010.096.000.001' is read as 10.96.0.1 {zeros}" in warnings
+    assert ("svc.yaml:7:17: spec.externalIPs[0]: '::ffff:192.0.2.7' is read as 192.0.2.7 (an IPv4-mapped IPv6 "
+            "address is IPv4 to kube-proxy)") in warnings
+    assert f"svc.yaml:21:17: endpoints[1].addresses[0]: '010.244.001.005' is read as 10.244.1.5 {zeros}" in warnings
+    blk = state.by_id()["default/lb:http/TCP"].family("ipv4")
+    assert (blk.clusterIP, blk.externalIPs, [str(e) for e in blk.internal.endpoints]) == (
+        "10.96.0.1", ("192.0.2.7",), ["10.244.1.5:8080"])
+
+
+def test_what_the_api_server_refuses_and_kube_proxy_cannot_use_stays_refused(tmp_path):
+    assert "svc.yaml:11:26: status.loadBalancer.ingress[1].ip: invalid IP address '172.30.1.300'" in errors_for(
+        tmp_path, IGNORED.replace("ip: 172.30.1.13", "ip: 172.30.1.300"))
+    assert "spec.loadBalancerSourceRanges[0]: expected string, got int" in errors_for(
+        tmp_path, IGNORED.replace("[10.0.0.0/33,", "[5,"))
+    assert "svc.yaml:6:3: spec.clusterIP: invalid IP address '0x0a.96.0.1'" in errors_for(
+        tmp_path, IGNORED.replace("clusterIP: 10.96.0.1", "clusterIP: 0x0a.96.0.1"))
+    v6 = IGNORED.replace("addressType: IPv4", "addressType: IPv6").replace(
+        "[10.244.1.5]", '["fd00::5", "::ffff:10.244.1.5"]')  # (the API server refuses it there too)
+    assert ("svc.yaml:20:28: endpoints[1].addresses[1]: '::ffff:10.244.1.5', read as 10.244.1.5, is not an IPv6 "
+            "address") in errors_for(tmp_path, v6)
