@@ -1,8 +1,21 @@
-"""Stale UDP conntrack cleanup (kube-proxy pkg/proxy/conntrack).
+"""Stale UDP conntrack cleanup: kube-proxy's conntrack reconciler (pkg/proxy/conntrack,
+CleanStaleEntries, with its fixes for services without endpoints and for deleted services).
 
-UDP has no connection teardown: a conntrack entry created while a service had no endpoints, or one
-that DNATs to an endpoint that is gone, keeps black-holing a client that reuses its source port
-until the entry times out. After each apply we delete exactly those entries.
+UDP has no teardown: a conntrack entry keeps sending a client that reuses its source port where
+its first packet went until the entry times out, which a steady sender never lets happen. So,
+per IP family, the UDP entries sent to a frontend of a UDP service port (a ClusterIP, externalIP
+or LoadBalancer IP with the port; else its NodePort, on any address) are deleted when their
+replies do not come from a serving endpoint of that service port: an endpoint that is gone, or
+none at all (an entry made while the frontend did not forward). Serving is ready, or terminating
+and still serving, whatever the traffic policies and topology chose (desired.py keeps that set in
+servingEndpoints): a flow to an endpoint that is merely no longer picked goes on, as a TCP
+connection does. A frontend that a UDP service port had and no longer has is cleaned as one
+without endpoints. Every other entry is left alone. (Upstream compares the reply's IP alone; we
+compare IP and port, so that flows to a port the endpoint no longer serves go too.)
+
+select_stale() decides, from entries and frontends alone; Reconciler holds what a process knows
+between runs (the UDP service ports last taken in, what is due); ConntrackTool is the kernel's
+table, through the conntrack tool.
 """
 
 from __future__ import annotations
@@ -10,82 +23,316 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+from .state import FAMILIES, DesiredState, Endpoint, Family, PortChanges, ServicePort
 
 log = logging.getLogger(__name__)
 
+Frontend = tuple[str | None, int]
+"""Where a UDP service port is reached: (IP, port), or (None, nodePort) for its NodePort on any address."""
 
-@dataclass(frozen=True)
-class FlowFilter:
-    """Arguments selecting UDP conntrack entries: by original destination, or by reply source."""
 
-    orig_dst: str | None = None
-    orig_dport: int | None = None
-    reply_src: str | None = None
-    reply_sport: int | None = None
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A UDP conntrack entry: its original tuple (which names it) and where its replies come from."""
 
-    def args(self) -> list[str]:
-        out = ["-p", "udp"]
-        if self.orig_dst:
-            out += ["--orig-dst", self.orig_dst]
-        if self.orig_dport:
-            out += ["--orig-port-dst", str(self.orig_dport)]
-        if self.reply_src:
-            out += ["--reply-src", self.reply_src]
-        if self.reply_sport:
-            out += ["--reply-port-src", str(self.reply_sport)]
+    src: str
+    sport: int
+    dst: str
+    dport: int
+    reply_src: str
+    reply_sport: int
+    zone: int | None = None
+
+
+def select_stale(entries: Iterable[Entry], serving: Mapping[Frontend, Set[Endpoint]]) -> list[Entry]:
+    """The entries to delete, given each frontend's serving endpoints (one family): those sent to a
+    frontend whose replies come from none of them. A service IP and port is looked up before a
+    NodePort, as the data path does."""
+    out = []
+    for e in entries:
+        endpoints = serving.get((e.dst, e.dport))
+        if endpoints is None:
+            endpoints = serving.get((None, e.dport))
+        if endpoints is not None and Endpoint(e.reply_src, e.reply_sport) not in endpoints:
+            out.append(e)
+    return out
+
+
+def frontends(sp: ServicePort) -> list[tuple[Family, Frontend, tuple[Endpoint, ...]]]:
+    """A service port's frontends, per family, with that family's serving endpoints."""
+    out: list[tuple[Family, Frontend, tuple[Endpoint, ...]]] = []
+    for block in sp.families:
+        for ip in (block.clusterIP, *block.externalIPs, *block.loadBalancerIPs):
+            out.append((block.family, (ip, sp.port), block.servingEndpoints))
+        if sp.nodePort is not None:
+            out.append((block.family, (None, sp.nodePort), block.servingEndpoints))
+    return out
+
+
+def serving_by_frontend(ports: Iterable[ServicePort], gone: Iterable[tuple[Family, Frontend]] = ()
+                        ) -> dict[Family, dict[Frontend, frozenset[Endpoint]]]:
+    """Per family, the frontends of these (UDP) service ports with their serving endpoints (a
+    frontend two ports share: both sets), and the `gone` frontends none of them has, with none."""
+    sets: dict[Family, dict[Frontend, set[Endpoint]]] = {}
+    for sp in ports:
+        for family, frontend, endpoints in frontends(sp):
+            sets.setdefault(family, {}).setdefault(frontend, set()).update(endpoints)
+    for family, frontend in gone:
+        sets.setdefault(family, {}).setdefault(frontend, set())
+    return {f: {fe: frozenset(eps) for fe, eps in by.items()} for f, by in sets.items()}
+
+
+def view_frontends(views: Mapping[str, Mapping[str, Any]]) -> set[tuple[Family, Frontend]]:
+    """The frontends in backends' service views ("10.96.0.10:53/udp", "[fd00::a]:53/udp",
+    "nodePort 30053/udp", each maybe with " (reject)"); a NodePort in both families."""
+    out: set[tuple[Family, Frontend]] = set()
+    for view in views.values():
+        for address in view["addresses"]:
+            where = address.split(" (", 1)[0].rsplit("/", 1)[0]
+            if where.startswith("nodePort "):
+                out.update((family, (None, int(where.split()[1]))) for family in FAMILIES)
+            else:
+                host, _, port = where.rpartition(":")
+                ip = host.strip("[]")
+                out.add(("ipv6" if ":" in ip else "ipv4", (ip, int(port))))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The kernel
+
+
+class Kernel(Protocol):
+    def udp_entries(self, family: Family, to: Frontend | None = None) -> list[Entry]: ...
+
+    def delete(self, family: Family, entries: Sequence[Entry]) -> int: ...
+
+
+class ConntrackTool:
+    """This network namespace's conntrack table through the conntrack tool (conntrack-tools, as
+    kube-proxy used it until v1.29): a listing of one family's UDP entries, all or those sent to
+    one frontend (the kernel filters them, >= 5.8), and deletes of exact entries. It is C through
+    and through: 20k entries listed and split in ~0.16 s, where pyroute2's netlink decoder took
+    ~5 s. Deletes go by (destination, reply source) pair, one tool run each, never one per entry."""
+
+    timeout = 60.0  # seconds one tool run may take
+
+    def udp_entries(self, family: Family, to: Frontend | None = None) -> list[Entry]:
+        argv = ["-L", "-f", family, "-p", "udp"]
+        if to is not None:
+            argv += ([] if to[0] is None else ["--orig-dst", to[0]]) + ["--orig-port-dst", str(to[1])]
+        out = []
+        for line in self._run(argv).stdout.splitlines():
+            entry = parse_entry(line)
+            if entry is not None and (to is None or (to[0] in (None, entry.dst) and entry.dport == to[1])):
+                out.append(entry)
         return out
 
+    def delete(self, family: Family, entries: Sequence[Entry]) -> int:
+        """Delete these entries; returns how many the tool deleted (one gone meanwhile: not counted)."""
+        deleted = 0
+        for dst, dport, reply_src, reply_sport, zone in sorted({(e.dst, e.dport, e.reply_src, e.reply_sport, e.zone)
+                                                                for e in entries}, key=str):
+            argv = ["-D", "-f", family, "-p", "udp", "--orig-dst", dst, "--orig-port-dst", str(dport),
+                    "--reply-src", reply_src, "--reply-port-src", str(reply_sport)]
+            deleted += _count(self._run(argv + ([] if zone is None else ["-w", str(zone)]), deleting=True).stderr)
+        return deleted
 
-def _split_hostport(text: str) -> tuple[str, int]:
-    host, _, port = text.rpartition(":")
-    return host.strip("[]"), int(port)
+    def _run(self, argv: list[str], deleting: bool = False) -> subprocess.CompletedProcess[str]:
+        binary = shutil.which("conntrack")
+        if binary is None:
+            raise OSError("the conntrack tool (conntrack-tools) is not installed")
+        proc = subprocess.run([binary, *argv], capture_output=True, text=True, timeout=self.timeout, check=False)
+        # (-D that found nothing to delete exits 1: not an error)
+        if proc.returncode != 0 and not (deleting and _count(proc.stderr) == 0 and "deleted" in proc.stderr):
+            raise OSError(f"conntrack {' '.join(argv[:2])}: exit {proc.returncode}: {proc.stderr.strip()[-200:]}")
+        return proc
 
 
-def _serving(addresses: list[str]) -> set[str]:
-    """Addresses that DNAT to endpoints (not the ones marked (reject)/(drop))."""
-    return {a for a in addresses if not a.endswith(")")}
+def parse_entry(line: str) -> Entry | None:
+    """One line of `conntrack -L -p udp`: the first src/dst/sport/dport are the original tuple,
+    the second the reply's; None for a line that is not a UDP entry."""
+    fields: dict[str, list[str]] = {}
+    for token in line.split():
+        key, eq, value = token.partition("=")
+        if eq:
+            fields.setdefault(key, []).append(value)
+    try:
+        (src, reply_src), (dst, _), (sport, reply_sport), (dport, _) = (
+            fields["src"][:2], fields["dst"][:2], fields["sport"][:2], fields["dport"][:2])
+        zone = fields.get("zone")
+        return Entry(src, int(sport), dst, int(dport), reply_src, int(reply_sport), int(zone[0]) if zone else None)
+    except (KeyError, ValueError):
+        return None
 
 
-def stale_udp_flows(old: dict[str, dict[str, Any]], new: dict[str, dict[str, Any]]) -> list[FlowFilter]:
-    """Filters for the entries to delete, from the service views before and after an apply."""
-    out: set[FlowFilter] = set()
-    for sid, view in new.items():
-        if not sid.endswith("/UDP"):
-            continue
-        before = old.get(sid, {"addresses": [], "endpoints": []})
-        gained = _serving(view["addresses"]) - _serving(before["addresses"])
-        for addr in gained:  # the address starts forwarding: flush entries made while it did not
-            if addr.startswith("nodePort "):
-                out.add(FlowFilter(orig_dport=int(addr.split()[1].split("/")[0])))
+def _count(stderr: str) -> int:
+    """N of the tool's 'N flow entries have been deleted.'"""
+    for word, after in zip(stderr.split(), stderr.split()[1:]):
+        if after == "flow" and word.isdigit():
+            return int(word)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    """One family's pass: its duration, the entries it deleted, and why it failed (None: it did not)."""
+
+    family: Family
+    seconds: float
+    deleted: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+    """One cleanup: a pass per family that has UDP frontends."""
+
+    runs: tuple[FamilyRun, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.error is None for r in self.runs)
+
+
+Key = tuple[Family, Frontend]
+
+
+class Reconciler:
+    """The cleanup as a process runs it. take() each desired state as it is applied; run() then
+    cleans what is due.
+
+    A full pass (every UDP entry of the family, as kube-proxy's run) is due on the process's first
+    run, after drift (recheck()) and after a full pass that failed. Otherwise a pass is targeted:
+    when a UDP frontend loses a serving endpoint (the endpoint gone or only no longer serving, or
+    the frontend itself gone), only the entries sent to that frontend are read, and those
+    answered by what it lost deleted; the rest of the table was clean and stays so, because the
+    data path sends new flows to serving endpoints only. A targeted pass that fails stays due.
+    Each run's Result goes to `listeners` (the metrics) and stays in `last`."""
+
+    def __init__(self, kernel: Kernel | None = None) -> None:
+        self.kernel: Kernel = kernel or ConntrackTool()
+        self.full = True
+        self.last: Result | None = None
+        self.listeners: list[Callable[[Result], None]] = []
+        self._changes = PortChanges()
+        self._ports: dict[str, ServicePort] = {}  # the UDP service ports taken in, by id
+        self._by_frontend: dict[Key, set[str]] = {}  # which of them have each frontend
+        self._serving: dict[Key, frozenset[Endpoint]] = {}  # each frontend's serving endpoints
+        self._lost: dict[Key, set[Endpoint]] = {}  # due (targeted): endpoints frontends lost
+        self._gone: set[Key] = set()  # due (full): frontends no UDP service port has any more
+        self._taken = False
+
+    @property
+    def due(self) -> bool:
+        return self.full or bool(self._lost)
+
+    @property
+    def first(self) -> bool:
+        """No desired state taken in yet: what was a frontend before this process is not known to it."""
+        return not self._taken
+
+    def recheck(self) -> None:
+        """Make the next run a full pass (the kernel was not as we left it: entries may have been
+        made while our rules were missing)."""
+        self.full = True
+
+    def take(self, desired: DesiredState, forgotten: Iterable[Key] = ()) -> None:
+        """The desired state now in the kernel (cost: its changes since the last one taken).
+        `forgotten`: frontends of UDP service ports the kernel had that this process never saw."""
+        self._taken = True
+        gone, new = self._changes.update(desired)
+        old = [sp for sp in gone if sp.protocol == "UDP"]
+        added = [sp for sp in new if sp.protocol == "UDP"]
+        touched: set[Key] = set()
+        for sp in old:
+            self._ports.pop(sp.id, None)
+            for family, frontend, _ in frontends(sp):
+                self._by_frontend.get((family, frontend), set()).discard(sp.id)
+                touched.add((family, frontend))
+        for sp in added:
+            self._ports[sp.id] = sp
+            for family, frontend, _ in frontends(sp):
+                self._by_frontend.setdefault((family, frontend), set()).add(sp.id)
+                touched.add((family, frontend))
+        for key in touched:
+            before = self._serving.pop(key, frozenset())
+            ids = self._by_frontend.get(key)
+            if ids:
+                self._serving[key] = now = frozenset(
+                    ep for i in ids for family, frontend, eps in frontends(self._ports[i])
+                    if (family, frontend) == key for ep in eps)
             else:
-                ip, port = _split_hostport(addr.split("/")[0])
-                out.add(FlowFilter(orig_dst=ip, orig_dport=port))
-    for sid, view in old.items():
-        if not sid.endswith("/UDP"):
-            continue
-        remaining = set(new.get(sid, {}).get("endpoints", []))
-        for ep in set(view["endpoints"]) - remaining:
-            ip, port = _split_hostport(ep)
-            out.add(FlowFilter(reply_src=ip, reply_sport=port))
-    return sorted(out, key=lambda f: tuple(str(v) for v in (f.orig_dst, f.orig_dport, f.reply_src, f.reply_sport)))
+                self._by_frontend.pop(key, None)
+                now = frozenset()
+                self._gone.add(key)
+            if before - now:
+                self._lost.setdefault(key, set()).update(before - now)
+        if forgotten:
+            self.full = True
+            self._gone.update(forgotten)
+
+    def run(self) -> Result | None:
+        """Clean if due (None: it was not). A failed pass stays due."""
+        if not self.due:
+            return None
+        if self.full:
+            serving = serving_by_frontend(self._ports.values(), self._gone)
+            result = Result(tuple(self._run_family(f, None, serving[f]) for f in FAMILIES if f in serving))
+            if result.ok:
+                self.full = False
+                self._lost.clear()
+        else:
+            by_family: dict[Family, list[Key]] = {}
+            for key in sorted(self._lost, key=str):
+                by_family.setdefault(key[0], []).append(key)
+            result = Result(tuple(self._run_family(f, keys, self._family_serving(f)) for f, keys in by_family.items()))
+            if result.ok:
+                self._lost.clear()
+        if result.ok:
+            self._gone.clear()
+        self.last = result
+        for listener in self.listeners:
+            listener(result)
+        return result
+
+    def _family_serving(self, family: Family) -> dict[Frontend, frozenset[Endpoint]]:
+        return {frontend: eps for (f, frontend), eps in self._serving.items() if f == family}
+
+    def _run_family(self, family: Family, targets: list[Key] | None,
+                    serving: Mapping[Frontend, Set[Endpoint]]) -> FamilyRun:
+        """One family's pass: over all its UDP entries (targets None), or over those sent to these
+        frontends, deleting only the ones answered by an endpoint the frontend lost."""
+        start = time.monotonic()
+        try:
+            if targets is None:
+                stale = select_stale(self.kernel.udp_entries(family), serving)
+            else:
+                stale = []
+                for key in targets:
+                    lost = self._lost[key]
+                    entries = [e for e in self.kernel.udp_entries(family, key[1])
+                               if Endpoint(e.reply_src, e.reply_sport) in lost]
+                    stale += select_stale(entries, {**serving, key[1]: serving.get(key[1], frozenset())})
+            deleted = self.kernel.delete(family, stale) if stale else 0
+        except Exception as exc:  # noqa: BLE001 - no conntrack tool, a kernel error: retried next time
+            seconds = time.monotonic() - start
+            log.warning("stale UDP conntrack cleanup (%s) failed, to be retried: %s", family, exc)
+            return FamilyRun(family, seconds, 0, str(exc) or type(exc).__name__)
+        seconds = time.monotonic() - start
+        log.log(logging.INFO if deleted else logging.DEBUG, "deleted %d stale UDP conntrack entries (%s) in %.3f s",
+                deleted, family, seconds)
+        return FamilyRun(family, seconds, deleted)
 
 
-def clear(filters: list[FlowFilter]) -> int:
-    """Delete matching entries with the conntrack tool; returns how many filters ran."""
-    if not filters:
-        return 0
-    binary = shutil.which("conntrack")
-    if binary is None:
-        log.warning("conntrack tool not found: %d stale UDP flow filter(s) not cleared", len(filters))
-        return 0
-    for f in filters:
-        for family in ("ipv4", "ipv6"):
-            if (f.orig_dst or f.reply_src or "").count(":") and family == "ipv4":
-                continue
-            if "." in (f.orig_dst or f.reply_src or "") and family == "ipv6":
-                continue
-            # exit 1 with "0 flow entries have been deleted" is normal
-            subprocess.run([binary, "-D", "-f", family, *f.args()], capture_output=True, check=False)
-    return len(filters)
+RECONCILER = Reconciler()
+"""The process's cleanup (reconcile.apply() runs it); read RECONCILER.last, or add a listener."""

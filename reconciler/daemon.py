@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from . import gcpolicy
+from . import conntrack, gcpolicy
 from .backends.base import KernelError
 from .config import Options
 from .desired import BuildCache, build_desired_state
@@ -44,7 +44,7 @@ from .health import (
     local_addresses, node_eligible, start_metrics_server, start_proxy_health_server,
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
-from .reconcile import Planned, apply, make_plan, other_mode_leftovers
+from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.objects import InputError, InputErrors, SourceObject
 from .sources.watch import DirectorySource, Snapshot
 from .state import DesiredState
@@ -480,6 +480,7 @@ class Daemon:
             drift = self._drift(read, desired, planned)
             if drift:  # the kernel is not as we left it: a change to make, like a queued one
                 self.health.queued_update()
+                conntrack.RECONCILER.recheck()  # (UDP flows made meanwhile may bypass our rules)
             operations = len(planned.plan.operations)
             by_action = Counter(op.action for op in planned.plan.operations)
             counts = planned.count_services(self.backend)  # the numbers, not the description
@@ -496,6 +497,7 @@ class Daemon:
                 after = planned.desired_model
                 if read:
                     check.found_in_sync(read_at)
+                clean_conntrack(planned)  # (apply() does it otherwise)
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
             check.forget()
             return self._failed(kind, start, exc, quiet=not full)

@@ -611,11 +611,17 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
         paths = [internal] + ([external] if external else [])
         used = {(x.ip, x.port) for p in paths for x in (*p.endpoints, *p.shortCircuit)}
         hairpin = tuple(Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used)
+    serving: tuple[Endpoint, ...] = ()
+    if port.protocol == "UDP":  # (what the conntrack cleanup keeps; it cleans UDP only)
+        serving = _eps(e for e in eps if e.serving)
+        if serving == internal.endpoints:  # the usual case: one tuple for both
+            serving = internal.endpoints
     block = ServicePortFamily(
         family=family, clusterIP=svc.cluster_ips[family], internal=internal, external=external,
         externalIPs=ext_ips, loadBalancerIPs=lb_ips,
         loadBalancerSourceRanges=_source_ranges(svc.source_ranges.get(family, ()), lb_ips, node, family),
         hairpinEndpoints=tuple(sorted(hairpin, key=lambda e: (_ip_key(e.ip), e.port))),
+        servingEndpoints=serving,
     )
     return block, {e.ip for e in eps if e.ready and e.node == node.name}  # (its ready local endpoints)
 

@@ -22,7 +22,7 @@ from .desired import build_desired_state
 from .plan import Plan, service_change_counts, service_changes
 from .sources.manifests import load_directory
 from .sources.objects import InputErrors
-from .state import DesiredState
+from .state import DesiredState, Family
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class Planned:
     plan: Plan
     desired_model: Any
     observed_model: Any  # None once apply() has verified
+    desired: DesiredState  # what desired_model renders (the UDP conntrack cleanup's frontends and endpoints)
     other_mode_cleanup: list[Operation] = field(default_factory=list)
     described: bool = True  # plan.services filled in (see describe())
     # the ruleset generation (see backends/generation.py) before observed_model was read (None:
@@ -142,7 +143,7 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
     other: list[Operation] = []
     if other_mode if other_mode is not None else observed_model is None:
         other = other_mode_leftovers(backend.mode) if leftovers is None else leftovers
-    planned = Planned(Plan(backend.mode, desired.node.name, operations=ops + other), want, have, other,
+    planned = Planned(Plan(backend.mode, desired.node.name, operations=ops + other), want, have, desired, other,
                       described=False, observed_at=observed_at)
     if describe:
         planned.describe(backend)
@@ -236,9 +237,10 @@ def other_mode_leftovers(mode: str, look_first: bool = False, unseen_only: bool 
 
 def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = False,
           read_back: bool = False) -> Any:
-    """Run the plan atomically (describing it in service terms meanwhile, if not done yet), clear
-    stale UDP conntrack entries, remove the other mode's leftovers, then verify that the kernel
-    holds the desired model.
+    """Run the plan atomically (describing it in service terms meanwhile, if not done yet), remove
+    the other mode's leftovers, clear stale UDP conntrack entries when due (see
+    conntrack.Reconciler: never an error of the apply), then verify that the kernel holds the
+    desired model.
 
     The generation verifies it when it can: the plan took the kernel as read at
     planned.observed_at to the desired model, and when our commits were the very ones that
@@ -273,14 +275,11 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
                     planned.describe(backend)
                 finally:
                     planned.committed(done.result())  # the transaction's outcome first: its error wins
-        udp = {s for s in touched_services(own) if s.endswith("/UDP")}
-        stale = conntrack.stale_udp_flows(backend.service_view(planned.observed_model, udp),
-                                          backend.service_view(planned.desired_model, udp)) if udp else []
-        if stale:
-            log.info("clearing %d stale UDP conntrack flow filter(s)", conntrack.clear(stale))
+    conntrack.RECONCILER.take(planned.desired, _unseen_udp_frontends(backend, planned, own))
     if planned.other_mode_cleanup:
         planned.committed(get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup))
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
+    conntrack.RECONCILER.run()
     if release:
         planned.plan.operations = []
         del own
@@ -302,3 +301,22 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
                           f"{remaining[0].text}")
     return planned.desired_model  # equal to what was read back; one copy in memory is enough
 
+
+def clean_conntrack(planned: Planned) -> conntrack.Result | None:
+    """Clear stale UDP conntrack entries if due (see conntrack.Reconciler; None: not due), the
+    plan's desired state taken in. apply() does this; the run loop also after a sync with nothing
+    to apply: serving endpoints may change without the rules, and a failed cleanup is retried."""
+    conntrack.RECONCILER.take(planned.desired)
+    return conntrack.RECONCILER.run()
+
+
+def _unseen_udp_frontends(backend: Any, planned: Planned, own: list[Operation]
+                          ) -> set[tuple[Family, conntrack.Frontend]]:
+    """On a process's first apply, the frontends of the UDP service ports the plan removed, as the
+    kernel held them: they were frontends before this process, which cannot know it otherwise."""
+    if not conntrack.RECONCILER.first or planned.observed_model is None:
+        return set()
+    removed = {s for s in touched_services(own) if s.endswith("/UDP")}
+    if removed:
+        removed -= {sp.id for sp in planned.desired.services if sp.protocol == "UDP"}
+    return conntrack.view_frontends(backend.service_view(planned.observed_model, removed)) if removed else set()

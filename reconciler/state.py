@@ -74,6 +74,9 @@ class ServicePortFamily:
     loadBalancerIPs: tuple[str, ...] = ()
     loadBalancerSourceRanges: tuple[str, ...] = ()
     hairpinEndpoints: tuple[Endpoint, ...] = ()
+    # UDP: every serving endpoint (ready, or terminating and serving), whatever the traffic
+    # policies and topology chose: the flows the conntrack cleanup keeps (see conntrack.py)
+    servingEndpoints: tuple[Endpoint, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"clusterIP": self.clusterIP, "internal": self.internal.to_dict()}
@@ -87,6 +90,8 @@ class ServicePortFamily:
             d["loadBalancerSourceRanges"] = list(self.loadBalancerSourceRanges)
         if self.hairpinEndpoints:
             d["hairpinEndpoints"] = [e.to_dict() for e in self.hairpinEndpoints]
+        if self.servingEndpoints:
+            d["servingEndpoints"] = [e.to_dict() for e in self.servingEndpoints]
         return d
 
 

@@ -130,7 +130,7 @@ spec:
   sessionAffinity: ClientIP
   ports:
     - {name: sctp, port: 3868, protocol: SCTP, nodePort: 31868}
-    - {name: dns, port: 53, protocol: UDP}  # a UDP nodePort trips conntrack.stale_udp_flows (sorting None)
+    - {name: dns, port: 53, protocol: UDP}  # a UDP NodePort frontend (no IP) for the conntrack cleanup
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
+from reconciler.conntrack import Entry, Frontend
 from reconciler.desired import BuildOptions, build_desired_state
 from reconciler.sources.objects import Location, SourceObject
-from reconciler.state import DesiredState
+from reconciler.state import DesiredState, Family
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STATE_DIR = os.path.join(REPO, "state")
@@ -59,3 +61,26 @@ def build(objects: list[SourceObject], **opts: Any) -> DesiredState:
 
 
 HTTP = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+
+
+class FakeConntrack:
+    """A conntrack table in memory (conntrack.Kernel): entries per family; `failures` makes the
+    next that many dumps raise; `dumps` counts the dumps."""
+
+    def __init__(self, entries: list[Entry] | None = None, failures: int = 0) -> None:
+        self.entries: list[Entry] = list(entries or [])
+        self.failures = failures
+        self.dumps = 0
+
+    def udp_entries(self, family: Family, to: Frontend | None = None) -> list[Entry]:
+        self.dumps += 1
+        if self.failures:
+            self.failures -= 1
+            raise OSError("conntrack netlink unavailable")
+        return [e for e in self.entries if (":" in e.dst) == (family == "ipv6")
+                and (to is None or (to[0] in (None, e.dst) and to[1] == e.dport))]
+
+    def delete(self, family: Family, entries: Sequence[Entry]) -> int:
+        gone = [e for e in entries if e in self.entries]
+        self.entries = [e for e in self.entries if e not in gone]
+        return len(gone)
