@@ -189,6 +189,52 @@ def test_the_next_process_deletes_what_a_cleanup_that_could_not_run_left(lab: La
     assert set(servers(lab.udp("pod2", ip, 53, count=2, source_port=port))) == {"pod3"}
 
 
+class RunLoop:
+    """conntrack_agent.py's run loop in the node namespace: one full sync per sync() call."""
+
+    def __init__(self, lab: Lab, state: Applied) -> None:
+        self.proc = subprocess.Popen(ns_argv(lab.node, [sys.executable, AGENT, "daemon", state.source, state.mode]),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def sync(self, how: str = "available") -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(how + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], 60)
+        line = self.proc.stdout.readline() if ready else ""
+        assert line, f"no report from the run loop: {self.proc.stderr.read() if self.proc.poll() is not None else ''}"
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+
+def test_the_run_loops_targeted_pass_moves_a_client_and_frees_one_that_came_early(
+        lab: Lab, state: Applied) -> None:
+    """After its first (full) pass the run loop reads only the frontends a change touched, with the
+    real tool: a ClusterIP client follows its endpoint from pod1 to pod3, and a client that sent to
+    a NodePort before it existed (its entry answers from the node itself) reaches the new
+    service's pod1 with the same source port."""
+    ip, node_port, port = "10.96.7.80", 30780, ports(state, 6)
+    write_state(state.source, [dns("moving", [ip]), dns_eps("moving", ["pod1"])])
+    loop = RunLoop(lab, state)
+    try:
+        assert loop.sync()["ok"]
+        assert set(servers(lab.udp("pod2", ip, 53, count=2, source_port=port))) == {"pod1"}
+        assert outcomes(lab.udp("ext1", NODE_IP, node_port, source_port=port + 1))["ok"] == 0
+        assert [f["reply_src"] for f in flows(lab, port + 1)] == [NODE_IP]  # an entry to the node itself
+        write_state(state.source, [dns("moving", [ip]), dns_eps("moving", ["pod3"]),
+                                   dns("late", ["10.96.7.81"], type="NodePort", nodePort=node_port),
+                                   dns_eps("late", ["pod1"])])
+        second = loop.sync()
+        assert second["ok"] and second["operations"] > 0
+        assert set(servers(lab.udp("pod2", ip, 53, count=2, source_port=port))) == {"pod3"}
+        assert set(servers(lab.udp("ext1", NODE_IP, node_port, count=2, source_port=port + 1))) == {"pod1"}
+    finally:
+        loop.close()
+
+
 def test_the_run_loop_retries_a_failed_cleanup_on_a_sync_with_nothing_to_apply(
         lab: Lab, state: Applied) -> None:
     """(d) The run loop's sync that moved the endpoint could not reach conntrack; its next sync
@@ -197,25 +243,13 @@ def test_the_run_loop_retries_a_failed_cleanup_on_a_sync_with_nothing_to_apply(
     put(lab, state, [dns("retry", [ip]), dns_eps("retry", ["pod1"])])
     assert set(servers(lab.udp("pod2", ip, 53, count=2, source_port=port))) == {"pod1"}
     write_state(state.source, [dns("retry", [ip]), dns_eps("retry", ["pod3"])])
-    agent = subprocess.Popen(ns_argv(lab.node, [sys.executable, AGENT, "daemon", state.source, state.mode]),
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-    def sync(how: str) -> dict[str, Any]:
-        assert agent.stdin is not None and agent.stdout is not None
-        agent.stdin.write(how + "\n")
-        agent.stdin.flush()
-        ready, _, _ = select.select([agent.stdout], [], [], 60)
-        line = agent.stdout.readline() if ready else ""
-        assert line, f"no report from the run loop: {agent.stderr.read() if agent.poll() is not None else ''}"
-        return json.loads(line)
-
+    loop = RunLoop(lab, state)
     try:
-        first = sync("unavailable")
+        first = loop.sync("unavailable")
         assert first["ok"] and first["operations"] > 0
         assert set(servers(lab.udp("pod2", ip, 53, source_port=port))) == {"pod1"}  # stale: nothing deleted
-        second = sync("available")
+        second = loop.sync("available")
         assert second["ok"] and second["operations"] == 0
         assert set(servers(lab.udp("pod2", ip, 53, count=2, source_port=port))) == {"pod3"}
     finally:
-        agent.kill()
-        agent.communicate(timeout=10)
+        loop.close()

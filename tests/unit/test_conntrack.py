@@ -245,6 +245,31 @@ def test_after_the_first_run_only_the_frontends_that_lost_endpoints_are_read() -
     assert ct.run() is not None and table.asked == [("ipv4", None)] and table.entries == [to_q, other_p]
 
 
+def test_a_frontend_that_appears_loses_the_flows_sent_to_it_before() -> None:
+    """A client sent to a NodePort (or LB IP) before it forwarded: its entry answers from the
+    node itself and would keep the client there. The pass that the new frontend makes due deletes
+    it, reading only that frontend's entries; more than TARGETED_MAX new frontends in a family
+    are read in one listing."""
+    dns = [service("dns", "10.96.0.10", [DNS]), dns_slice("dns", [endpoint(P)])]
+    table = ScopedConntrack()
+    ct = Reconciler(table)
+    ct.take(build(dns))
+    ct.run()
+    early = flow("172.30.0.2", 30055, "172.30.0.2", 30055, sport=7)
+    table.entries = [early]
+    table.asked.clear()
+    ct.take(build([*dns, service("np", "10.96.0.12", [{**DNS, "nodePort": 30055}], type="NodePort"),
+                   dns_slice("np", [endpoint(Q)])]))
+    result = ct.run()
+    assert result is not None and result.runs[0].deleted == 1 and table.entries == []
+    assert sorted(table.asked, key=str) == [("ipv4", ("10.96.0.12", 53)), ("ipv4", (None, 30055))]
+    many = [o for i in range(5) for o in (service(f"s{i}", f"10.96.1.{i + 1}", [DNS]), dns_slice(f"s{i}", [endpoint(P)]))]
+    table.asked.clear()
+    ct.take(build([*dns, *many]))
+    ct.run()
+    assert table.asked == [("ipv4", None)]
+
+
 def test_conntrack_tool_listing_lines() -> None:
     """Lines as conntrack-tools 1.4.7 prints them (recorded): the first tuple is the original,
     the second the reply; zone, flags and counters around them."""
