@@ -64,6 +64,7 @@ class Options:
     min_sync_period: float = 1.0
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
+    bind_address_hard_fail: bool = False  # exit if healthz/metrics cannot listen (else: retried)
 
     def build_options(self) -> BuildOptions:
         return BuildOptions(self.node_name, self.cluster_cidrs, self.service_cidrs, self.nodeport_cidrs,
@@ -123,6 +124,8 @@ def load_kube_proxy_config(path: str) -> dict[str, Any]:
         value = doc.get(key, mode_section.get(key) if isinstance(mode_section, dict) else None)
         if value is not None:
             out[attr] = bool(value)
+    if doc.get("bindAddressHardFail") is not None:
+        out["bind_address_hard_fail"] = bool(doc["bindAddressHardFail"])
     for key, attr in (("syncPeriod", "sync_period"), ("minSyncPeriod", "min_sync_period")):
         value = doc.get(key) or (mode_section.get(key) if isinstance(mode_section, dict) else None)
         if value:

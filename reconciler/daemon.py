@@ -40,8 +40,8 @@ from .config import Options
 from .desired import BuildCache, build_desired_state
 from .drift import DriftCheck
 from .health import (
-    SYSTEM_CLOCK, BindError, Clock, HTTPServerThread, ProxyHealth, ServiceHealthServers, default_hosts,
-    local_addresses, node_eligible, start_metrics_server, start_proxy_health_server,
+    SYSTEM_CLOCK, Clock, ProxyHealth, RetryingListener, ServiceHealthServers, default_hosts, local_addresses,
+    node_eligible, start_metrics_server, start_proxy_health_server,
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
@@ -52,6 +52,7 @@ from .state import DesiredState
 log = logging.getLogger("reconciler.daemon")
 
 BURST_SYNCS = 2  # syncs that may follow each other at once before min_sync_period paces them (kube-proxy's)
+BIND_RETRY_SECONDS = 5.0  # a healthz or metrics address in use is retried this often (kube-proxy's)
 
 Key = tuple[str, str, str]
 
@@ -147,6 +148,12 @@ class KubeSource:
     def snapshot(self) -> Snapshot:
         return Snapshot(objects=self.source.snapshot(), changed=True)
 
+    def changes(self) -> tuple[int, int, int, int]:
+        return self.source.changes()
+
+    def take_changes(self) -> tuple[dict[tuple[str, str], list[str]], set[tuple[str, str]]]:
+        return self.source.take_changes()
+
     @property
     def failures(self) -> int:
         """API errors so far (list/watch failures, each retried by the informer)."""
@@ -209,6 +216,7 @@ class Daemon:
         self.clock = clock
         self.metrics = metrics or Metrics(getattr(backend, "mode", None))
         self.health = health or ProxyHealth(2 * opts.sync_period, clock, node_eligible=self.node_eligible)
+        conntrack.RECONCILER.listeners.append(lambda result: self.metrics.observe_conntrack(result))
         self.service_health = service_health
         self.start_wall = clock.time()
         self._lock = threading.Lock()
@@ -225,7 +233,9 @@ class Daemon:
         self.drift_check = DriftCheck(backend, clock)  # whether a resync must read the kernel
         self._build_cache = BuildCache()  # unchanged Services are not rebuilt
         self._pending = _PendingChanges()  # source changes no build has taken in yet
-        self._triggers: dict[Key, str] = {}  # trigger times of slices changed since the last applied sync
+        # trigger times of the changes since the last applied sync, by Service (from the API) or by
+        # EndpointSlice (from a build)
+        self._triggers: dict[Key, list[str]] = {}
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
@@ -239,6 +249,7 @@ class Daemon:
             self._dirty = True
         self.health.queued_update()
         self.metrics.last_queued.set(self.clock.time())
+        self._observe_source_changes()
         self._wake.set()
 
     def wake(self) -> None:
@@ -247,8 +258,10 @@ class Daemon:
     def node_eligible(self) -> bool:
         node = self._node
         if node is None:
-            # a manifest directory need not describe the node; the API always does
-            return self.source is None or self.source.kind != "kubernetes"
+            # a manifest directory need not describe the node; from the API it is missing only once
+            # a build from the synced caches (which sets self._node and self.desired) found no Node:
+            # before, eligible while starting up, as kube-proxy's ProxyHealthServer is
+            return self.source is None or self.source.kind != "kubernetes" or self.desired is None
         return node_eligible(node)
 
     # -- scheduling --------------------------------------------------------------------------
@@ -306,9 +319,29 @@ class Daemon:
 
     # -- input -------------------------------------------------------------------------------
 
+    def _observe_source_changes(self) -> None:
+        """kube-proxy's change metrics, from a source that logs its changes (the API)."""
+        changes = getattr(self.source, "changes", None)
+        if changes is not None:
+            self.metrics.observe_changes(changes)
+
+    def _take_source_changes(self) -> None:
+        """Before a snapshot: what a change-logging source collected since the last one (trigger
+        times; the Services whose slices were deleted drop theirs, as kube-proxy's do)."""
+        take = getattr(self.source, "take_changes", None)
+        if take is None:
+            return
+        times, dropped = take()
+        for ns, name in dropped:
+            self._triggers.pop(("Service", ns, name), None)
+        for (ns, name), values in times.items():
+            self._triggers.setdefault(("Service", ns, name), []).extend(values)
+        self._observe_source_changes()  # (pending: 0 again)
+
     def _refresh_desired(self) -> None:
         assert self.source is not None
         try:
+            self._take_source_changes()
             snap = self._snapshot()
         except Exception as exc:  # noqa: BLE001 - a source failure is an input problem, never a wipe
             log.exception("reading the source failed")
@@ -338,9 +371,10 @@ class Daemon:
             self._input_ok()
         # What changed, from the build's own delta: O(changes), not O(objects)
         cache = self._build_cache
-        self._count_changes(cache.last_added, cache.last_removed)
+        if not hasattr(self.source, "changes"):  # (the API's are counted per event)
+            self._count_changes(cache.last_added, cache.last_removed)
+            self._triggers.update(trigger_times(cache.last_added))
         self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
-        self._triggers.update(trigger_times(cache.last_added))
         self.desired = desired
         release = getattr(self.source, "release_bodies", None)
         if release is not None:
@@ -357,6 +391,7 @@ class Daemon:
         if self._source_has_deltas:
             snap = self.source.snapshot(objects=False)  # type: ignore[call-arg]
             self._pending.add(snap.added_objects or (), snap.removed_objects or ())
+            self._set_pending_changes()
             return snap
         return self.source.snapshot()
 
@@ -370,6 +405,7 @@ class Daemon:
             except (InputErrors, InputError) as exc:
                 return None, exc.errors if isinstance(exc, InputErrors) else [exc], []
             self._pending = _PendingChanges()
+            self._set_pending_changes()
             return desired, [], []
         objects = snap.objects
         excluded: list[str] = []
@@ -413,6 +449,13 @@ class Daemon:
         self.health.set_input_error(None)
         self.metrics.degraded.set(0)
 
+    def _set_pending_changes(self) -> None:
+        """A directory's changes read but not built yet (an invalid input holds them) as kube-proxy's
+        pending change gauges: Services and EndpointSlices."""
+        objs = [*self._pending.added.values(), *self._pending.removed.values()]
+        self.metrics.service_changes_pending.set(len({o.key for o in objs if o.kind == "Service"}))
+        self.metrics.endpoint_changes_pending.set(len({o.key for o in objs if o.kind == "EndpointSlice"}))
+
     def _count_changes(self, added: list[SourceObject], removed: list[SourceObject]) -> None:
         """Count changed Services and EndpointSlices (an update is one removal plus one addition)."""
         keys = {(o.kind, o.namespace, o.name) for o in (*added, *removed) if o.kind in ("Service", "EndpointSlice")}
@@ -447,7 +490,7 @@ class Daemon:
             log.warning("incremental sync failed (%s); retrying with a full resync", report.error,
                         extra=_fields(sync=kind, error=report.error))
             self._last_full = start
-            report = self._sync_kernel(True, start)
+            report = self._sync_kernel(True, self.clock.monotonic())  # (timed on its own, as kube-proxy's next sync)
         return self._remember(report)
 
     def _remember(self, report: SyncReport) -> SyncReport:
@@ -483,6 +526,8 @@ class Daemon:
                 conntrack.RECONCILER.recheck()  # (UDP flows made meanwhile may bypass our rules)
             operations = len(planned.plan.operations)
             by_action = Counter(op.action for op in planned.plan.operations)
+            rules_written = getattr(self.backend, "rules_written", None)
+            written = rules_written(planned.own_operations) if rules_written is not None else {}
             counts = planned.count_services(self.backend)  # the numbers, not the description
             # nothing to do: the kernel equals the desired model; keep that one (the renderer's
             # objects, which the next diff recognises by identity), not a second, observed copy.
@@ -515,6 +560,9 @@ class Daemon:
             log.warning("repaired drift: %d operations", drift, extra=_fields(drift_operations=drift))
             self.metrics.drift_repairs.inc()
             self.metrics.drift_operations.inc(drift)
+        rule_counts = getattr(self.backend, "rule_counts", None)
+        if rule_counts is not None:
+            self.metrics.set_iptables_rules(rule_counts(after), written)
         self._after_success(report, desired, by_action)
         return report
 
@@ -537,6 +585,8 @@ class Daemon:
         (m.full_sync_duration if kind == "full" else m.partial_sync_duration).observe(seconds)
         if m.kernel_tool_failures is not None and isinstance(exc, (KernelError, OSError)):
             m.kernel_tool_failures.inc()  # (incremental attempts too: kube-proxy counts each failure)
+            if m.partial_failures is not None and kind == "incremental":
+                m.partial_failures.inc()
         if not quiet:
             m.kernel_errors.inc()
             if isinstance(exc, (KernelError, OSError)):
@@ -556,8 +606,9 @@ class Daemon:
         m.observe_operations(by_action)
         m.set_no_local_endpoints(desired)
         m.services.set(len(desired.services))
-        # trigger times of the slices that changed since the last applied sync
-        for latency in network_programming_latencies({}, self._triggers, self.clock.time(), self.start_wall):
+        # trigger times of the changes since the last applied sync
+        times = (t for values in self._triggers.values() for t in values)
+        for latency in network_programming_latencies(times, self.clock.time(), self.start_wall):
             m.network_programming.observe(latency)
         self._triggers = {}
         self.health.updated()
@@ -591,19 +642,20 @@ def run(args: argparse.Namespace, opts: Options) -> int:
         hosts = lambda: local_addresses(cidrs)  # noqa: E731
     daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts)
 
-    servers: list[HTTPServerThread] = []
+    # an address in use is retried in the background while we proxy, unless bindAddressHardFail
+    listeners = [
+        RetryingListener(lambda: start_proxy_health_server(opts.healthz_bind_address, daemon.health, metrics),
+                         BIND_RETRY_SECONDS),
+        RetryingListener(lambda: start_metrics_server(opts.metrics_bind_address, metrics.registry, opts.mode),
+                         BIND_RETRY_SECONDS),
+    ]
     source: Source | None = None
     stop = threading.Event()
     saved_handlers: dict[int, Any] = {}
     try:
-        try:
-            for srv in (start_proxy_health_server(opts.healthz_bind_address, daemon.health, metrics),
-                        start_metrics_server(opts.metrics_bind_address, metrics.registry, opts.mode)):
-                if srv is not None:
-                    servers.append(srv)
-                    log.info("serving %s on %s", srv.what, srv.address, extra=_fields(address=srv.address))
-        except (BindError, ValueError) as exc:
-            log.error("%s", exc)
+        hard_fail = opts.bind_address_hard_fail
+        started = [listener.start(retry=not hard_fail) for listener in listeners]
+        if hard_fail and not all(started):
             return 1
         if args.source == "kubernetes":
             source = KubeSource(getattr(args, "kubeconfig", None), opts.node_name, daemon.notify)
@@ -628,8 +680,8 @@ def run(args: argparse.Namespace, opts: Options) -> int:
             source.stop()
         if daemon.service_health is not None:
             daemon.service_health.close()
-        for srv in servers:
-            srv.close()
+        for listener in listeners:
+            listener.close()
         for signum, previous in saved_handlers.items():
             signal.signal(signum, previous)
 

@@ -176,7 +176,7 @@ class BindError(Exception):
 
 
 def parse_bind_address(text: str, what: str) -> tuple[str, int]:
-    """'0.0.0.0:10256', '[::]:10256', ':10256' (all IPv4 addresses) -> (host, port)."""
+    """'0.0.0.0:10256', '[::]:10256', ':10256' (all addresses) -> (host, port)."""
     host, sep, port_text = text.strip().rpartition(":")
     if not sep or not port_text.isdigit():
         raise ValueError(f"{what}: invalid bind address {text!r} (expected HOST:PORT, e.g. 0.0.0.0:10256)")
@@ -201,16 +201,30 @@ class _Server(ThreadingHTTPServer):
 
     def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], **attrs: Any) -> None:
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.v6only = host != "::"  # "::" takes IPv4 too (as IPv4-mapped addresses), as Go's "tcp" does
         for k, v in attrs.items():
             setattr(self, k, v)
         super().__init__((host, port), handler)
 
     def server_bind(self) -> None:
         if self.address_family == socket.AF_INET6:
-            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(self.v6only))
         TCPServer.server_bind(self)  # HTTPServer's would do a (slow) reverse DNS lookup
         self.server_name = str(self.server_address[0])
         self.server_port = int(self.server_address[1])
+
+
+def _listen(host: str, port: int, handler: type[BaseHTTPRequestHandler], **attrs: Any) -> _Server:
+    """Listen on host:port; a wildcard host (0.0.0.0 or ::) is one socket for both families, as
+    Go's net.Listen("tcp", ...) makes it, or IPv4 only where the host has no IPv6."""
+    if not ipaddress.ip_address(host).is_unspecified:
+        return _Server(host, port, handler, **attrs)
+    try:
+        return _Server("::", port, handler, **attrs)
+    except OSError as exc:
+        if exc.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):  # (not: no IPv6 here)
+            raise
+    return _Server("0.0.0.0", port, handler, **attrs)
 
 
 class HTTPServerThread:
@@ -219,7 +233,7 @@ class HTTPServerThread:
     def __init__(self, host: str, port: int, handler: type[BaseHTTPRequestHandler], what: str,
                  **attrs: Any) -> None:
         try:
-            self.server = _Server(host, port, handler, **attrs)
+            self.server = _listen(host, port, handler, **attrs)
         except OSError as exc:
             raise BindError(f"{what}: cannot listen on {format_address(host, port)}: {exc.strerror or exc}") from exc
         self.what = what
@@ -239,14 +253,82 @@ class HTTPServerThread:
         self.thread.join(2.0)
 
 
+class RetryingListener:
+    """A server started at once or, while its address cannot be bound, retried every `interval`
+    seconds in a background thread (kube-proxy's wait.Until(serve, 5s) for its healthz and
+    metrics servers); each new failure message is logged once."""
+
+    def __init__(self, start: Callable[[], HTTPServerThread | None], interval: float) -> None:
+        self._start = start
+        self.interval = interval
+        self.server: HTTPServerThread | None = None
+        self._error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, retry: bool = True) -> bool:
+        """Try once (a ValueError, an invalid address, propagates); if that fails and `retry`,
+        keep trying in the background. Returns whether it is listening (or disabled)."""
+        if self._attempt(retry):
+            return True
+        if retry:
+            self._thread = threading.Thread(target=self._retry, name="bind-retry", daemon=True)
+            self._thread.start()
+        return False
+
+    def _attempt(self, retry: bool = True) -> bool:
+        try:
+            server = self._start()
+        except BindError as exc:
+            if str(exc) != self._error:
+                log.error("%s%s", exc, f"; retrying every {self.interval:g}s" if retry else "")
+                self._error = str(exc)
+            return False
+        if server is not None:
+            log.info("serving %s on %s", server.what, server.address, extra={"fields": {"address": server.address}})
+        self.server, self._error = server, None
+        return True
+
+    def _retry(self) -> None:
+        while not self._stop.wait(self.interval) and not self._attempt():
+            pass
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        if self.server is not None:
+            self.server.close()
+
+
 class _Handler(BaseHTTPRequestHandler):
+    """Answers every method alike (kube-proxy's handlers ignore it); subclasses define respond()."""
+
     protocol_version = "HTTP/1.1"
     timeout = 10  # idle keep-alive connections go away
-    server_version = "service-reconciler"
-    sys_version = ""
+    max_discarded_body = 256 << 10  # like Go's net/http: a bigger unread body closes the connection
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("do_"):  # http.server looks up do_<METHOD>
+            return self._handle
+        raise AttributeError(name)
+
+    def _handle(self) -> None:
+        length = self.headers.get("Content-Length", "0")
+        if self.headers.get("Transfer-Encoding") or not length.isdigit() or int(length) > self.max_discarded_body:
+            self.close_connection = True
+        elif int(length):
+            self.rfile.read(int(length))  # (the body is not used)
+        self.respond()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's name
         log.debug("%s %s", self.address_string(), format % args)
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """As http.server's, without its Server header (Go's net/http sends none)."""
+        self.log_request(code)
+        self.send_response_only(code, message)
+        self.send_header("Date", self.date_time_string())
 
     def send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)
@@ -259,17 +341,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def do_HEAD(self) -> None:
-        self.do_GET()
-
-    def do_GET(self) -> None:  # pragma: no cover - overridden
+    def respond(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
 class _ProxyHealthHandler(_Handler):
     server: Any
 
-    def do_GET(self) -> None:
+    def respond(self) -> None:
         path = self.path.split("?", 1)[0]
         if path not in ("/healthz", "/livez"):
             self.send(404, b"404 page not found\n", "text/plain; charset=utf-8")
@@ -294,7 +373,7 @@ def start_proxy_health_server(address: str, health: ProxyHealth, metrics: Any = 
 class _MetricsHandler(_Handler):
     server: Any
 
-    def do_GET(self) -> None:
+    def respond(self) -> None:
         from prometheus_client.exposition import choose_encoder
 
         path = self.path.split("?", 1)[0]
@@ -342,7 +421,7 @@ def service_health_body(entry: _ServiceEntry, proxy_healthy: bool) -> tuple[int,
 class _ServiceHealthHandler(_Handler):
     server: Any
 
-    def do_GET(self) -> None:  # any path, like upstream
+    def respond(self) -> None:  # any path, like upstream
         owner: ServiceHealthServers = self.server.owner
         entry = owner.entry(self.server.service)
         if entry is None:  # closed concurrently
@@ -353,10 +432,8 @@ class _ServiceHealthHandler(_Handler):
 
 
 def default_hosts() -> list[str]:
-    hosts = ["0.0.0.0"]
-    if socket.has_ipv6:
-        hosts.append("::")
-    return hosts
+    """Every address of both families: one wildcard socket (see _listen)."""
+    return ["0.0.0.0"]
 
 
 def local_addresses(cidrs: Iterable[str]) -> list[str]:
@@ -386,7 +463,7 @@ def local_addresses(cidrs: Iterable[str]) -> list[str]:
 class ServiceHealthServers:
     """healthCheckNodePort servers, one per Service with a health check: opened when a service
     appears, closed when it goes (or moves port), counts updated in place. A port that cannot be
-    bound is logged and retried at the next sync."""
+    bound on every address is closed on all, logged and retried at the next sync."""
 
     def __init__(self, proxy_healthy: Callable[[], bool],
                  hosts: Callable[[], Sequence[str]] | Sequence[str] | None = None) -> None:
@@ -432,27 +509,23 @@ class ServiceHealthServers:
         for h in missing:
             namespace, _, name = h.service.partition("/")
             entry = _ServiceEntry(namespace, name, h.nodePort, h.localEndpoints)
-            failures = []
-            for host in hosts:
-                try:
+            try:
+                for host in hosts:
                     entry.servers.append(HTTPServerThread(host, h.nodePort, _ServiceHealthHandler,
                                                           f"healthcheck {h.service}", owner=self,
                                                           service=h.service))
-                except BindError as exc:
-                    cause = exc.__cause__
-                    if ":" in host and isinstance(cause, OSError) and cause.errno in (
-                            errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
-                        continue  # no IPv6 here
-                    failures.append(str(exc))
+            except BindError as exc:  # all or nothing, as upstream: the next sync retries every address
+                for srv in entry.servers:
+                    srv.close()
+                msg = f"failed to start healthcheck {h.service!r} on port {h.nodePort}: {exc}"
+                log.warning("%s", msg)
+                errors.append(msg)
+                continue
             if entry.servers:
                 with self._lock:
                     self._entries[h.service] = entry
                 log.info("started health check server for %s on port %d (%d local endpoints)",
                          h.service, h.nodePort, h.localEndpoints)
-            for f in failures:
-                msg = f"failed to start healthcheck {h.service!r} on port {h.nodePort}: {f}"
-                log.warning("%s", msg)
-                errors.append(msg)
         return errors
 
     def close(self) -> None:

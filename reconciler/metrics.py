@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-from typing import Any, Iterable, Mapping
+import threading
+from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import (
     CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector, ProcessCollector,
+    disable_created_metrics,
 )
 
 from .sources.objects import SourceObject
 from .state import DesiredState, PortChanges
 
 log = logging.getLogger(__name__)
+
+disable_created_metrics()  # no *_created series: kube-proxy exports none
 
 # kube-proxy: metrics.ExponentialBuckets(0.001, 2, 15)
 SYNC_BUCKETS = tuple(0.001 * 2**i for i in range(15))
@@ -38,6 +42,8 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self._nle_changes = PortChanges()
         self._nle_totals = [0, 0]
+        self._changes_lock = threading.Lock()
+        self._changes_seen = (0, 0)  # a source's event counts when last observed
         r = self.registry
         if registry is None:  # (a registry given may have them already)
             ProcessCollector(registry=r)
@@ -45,14 +51,30 @@ class Metrics:
             GCCollector(registry=r)
         # kube-proxy's per-mode count of failed kernel transactions (every attempt, as its alerts expect)
         self.kernel_tool_failures: Counter | None = None
+        self.partial_failures: Counter | None = None  # iptables: failed incremental restores
+        self.iptables_rules: Gauge | None = None
+        self.iptables_rules_last: Gauge | None = None
         if mode == "nftables":
             self.kernel_tool_failures = Counter(
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
                 "Cumulative proxy nftables sync failures", registry=r)
+            # kube-proxy deletes stale chains in a second transaction that can fail on its own;
+            # ours are deleted in the sync's one transaction, so this stays 0 (for the alerts)
+            Counter("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                    "Cumulative proxy nftables cleanup failures", registry=r)
         elif mode == "iptables":
             self.kernel_tool_failures = Counter(
                 "kubeproxy_sync_proxy_rules_iptables_restore_failures_total",
                 "Cumulative proxy iptables restore failures", registry=r)
+            self.partial_failures = Counter(
+                "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                "Cumulative proxy iptables partial restore failures", registry=r)
+            self.iptables_rules = Gauge(
+                "kubeproxy_sync_proxy_rules_iptables_total", "Total number of iptables rules owned by kube-proxy",
+                ["table"], registry=r)
+            self.iptables_rules_last = Gauge(
+                "kubeproxy_sync_proxy_rules_iptables_last", "Number of iptables rules written by kube-proxy in last sync",
+                ["table"], registry=r)
         self.sync_duration = Histogram(
             "kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
             buckets=SYNC_BUCKETS, registry=r)
@@ -77,11 +99,23 @@ class Metrics:
         self.service_changes = Counter(
             "kubeproxy_sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes",
             registry=r)
+        self.endpoint_changes_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes",
+            registry=r)
+        self.service_changes_pending = Gauge(
+            "kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes",
+            registry=r)
         self.no_local_endpoints = Gauge(
             "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints", ["traffic_policy"], registry=r)
         for policy in ("internal", "external"):
             self.no_local_endpoints.labels(policy).set(0)
+        self.conntrack_duration = Histogram(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds", "ReconcileConntrackFlowsLatency latency in seconds",
+            ["ip_family"], buckets=SYNC_BUCKETS, registry=r)
+        self.conntrack_deleted = Counter(
+            "kubeproxy_conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler", ["ip_family"], registry=r)
         self.healthz = Counter("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status",
                                ["code"], registry=r)
         self.livez = Counter("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status",
@@ -128,6 +162,34 @@ class Metrics:
             if n:
                 self.kernel_operations.labels(names.get(action, str(action))).inc(n)
 
+    def observe_changes(self, read: Callable[[], tuple[int, int, int, int]]) -> None:
+        """A source's change figures, as read() gives them (see sources.kubernetes.ChangeLog): its
+        event counts since it started, and what no sync has taken yet. Read and set under one
+        lock: an informer thread's older figures never overwrite a sync's newer ones."""
+        with self._changes_lock:
+            services, endpoint_slices, pending_services, pending_slices = read()
+            seen = self._changes_seen
+            self.service_changes.inc(max(0, services - seen[0]))
+            self.endpoint_changes.inc(max(0, endpoint_slices - seen[1]))
+            self._changes_seen = (max(services, seen[0]), max(endpoint_slices, seen[1]))
+            self.service_changes_pending.set(pending_services)
+            self.endpoint_changes_pending.set(pending_slices)
+
+    def observe_conntrack(self, result: Any) -> None:
+        """A stale-UDP conntrack cleanup (conntrack.Result): each family's pass, per family."""
+        for run in result.runs:
+            family = "IPv4" if run.family == "ipv4" else "IPv6"
+            self.conntrack_duration.labels(family).observe(run.seconds)
+            self.conntrack_deleted.labels(family).inc(run.deleted)
+
+    def set_iptables_rules(self, total: Mapping[str, int], written: Mapping[str, int]) -> None:
+        """iptables mode: our rules per table now, and those the last transaction wrote."""
+        if self.iptables_rules is None or self.iptables_rules_last is None:
+            return
+        for table in ("filter", "nat"):
+            self.iptables_rules.labels(table).set(total.get(table, 0))
+            self.iptables_rules_last.labels(table).set(written.get(table, 0))
+
     def set_no_local_endpoints(self, desired: DesiredState) -> None:
         """Gauges per traffic policy, updated from the service ports that changed since the last
         call (by identity, see state.PortChanges): the cost follows the changes."""
@@ -143,7 +205,8 @@ class Metrics:
 
 def no_local_endpoints(desired: DesiredState, policy: str) -> int:
     """Service ports (per IP family, like kube-proxy's per-family proxiers summed) whose traffic
-    policy is Local and that have no local endpoint to send that traffic to."""
+    policy is Local and that have no local endpoint to send that traffic to, though they have
+    endpoints elsewhere (traffic dropped; with none at all it is rejected, and not counted)."""
     return sum(_no_local(sp, policy) for sp in desired.services)
 
 
@@ -151,13 +214,13 @@ def _no_local(sp: Any, policy: str) -> int:
     n = 0
     for fam in sp.families:
         path = fam.internal if policy == "internal" else fam.external
-        if path is not None and path.policy == "Local" and not path.endpoints:
+        if path is not None and path.policy == "Local" and path.verdict == "drop":
             n += 1
     return n
 
 
-def trigger_times(objects: Iterable[SourceObject]) -> dict[tuple[str, str, str], str]:
-    """EndpointSlice key -> its last-change-trigger-time annotation (when present)."""
+def trigger_times(objects: Iterable[SourceObject]) -> dict[tuple[str, str, str], list[str]]:
+    """EndpointSlice key -> its last-change-trigger-time annotation (when present), in a list."""
     out = {}
     for obj in objects:
         if obj.kind != "EndpointSlice":
@@ -166,7 +229,7 @@ def trigger_times(objects: Iterable[SourceObject]) -> dict[tuple[str, str, str],
         ann = meta.get("annotations") if isinstance(meta, dict) else None
         value = ann.get(TRIGGER_TIME_ANNOTATION) if isinstance(ann, dict) else None
         if isinstance(value, str) and value:
-            out[obj.key] = value
+            out[obj.key] = [value]
     return out
 
 
@@ -181,15 +244,11 @@ def parse_time(text: str) -> float | None:
     return t.timestamp()
 
 
-def network_programming_latencies(previous: dict[tuple[str, str, str], str],
-                                  current: dict[tuple[str, str, str], str],
-                                  now: float, since: float) -> list[float]:
-    """Latencies for trigger times new since the previous applied sync and not older than `since`
-    (kube-proxy ignores changes older than its own start)."""
+def network_programming_latencies(times: Iterable[str], now: float, since: float) -> list[float]:
+    """Latencies of these trigger times, each not older than `since` (kube-proxy ignores changes
+    older than its own start)."""
     out = []
-    for key, value in current.items():
-        if previous.get(key) == value:
-            continue
+    for value in times:
         t = parse_time(value)
         if t is None or t < since:
             continue

@@ -21,6 +21,8 @@ import kubernetes.client
 import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
+from ..desired import SERVICE_NAME_LABEL
+from ..metrics import TRIGGER_TIME_ANNOTATION
 from .objects import KINDS, Location, SourceObject
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,61 @@ class _Refused(Exception):
 
 class _ShortWatch(Exception):
     """The watch closed at once without any event; treated as an error (client-go does too)."""
+
+
+@dataclass
+class ChangeLog:
+    """Service and EndpointSlice changes as kube-proxy's change trackers count them.
+
+    `services` / `endpoint_slices`: every event (sync_proxy_rules_*_changes_total); the pending
+    figures (sync_proxy_rules_*_changes_pending) and the trigger times (network programming
+    latency) are what no snapshot has taken yet.
+    """
+
+    services: int = 0
+    endpoint_slices: int = 0
+    pending_services: set[Key] = field(default_factory=set)  # distinct Services with a change
+    pending_slices: int = 0  # EndpointSlice events that changed the cache
+    # the Service of a slice -> its slices' last-change-trigger-time annotations, one per event
+    # (a deleted slice drops its Service's, as kube-proxy's endpoints change tracker does)
+    trigger_times: dict[Key, list[str]] = field(default_factory=dict)
+    dropped_triggers: set[Key] = field(default_factory=set)
+
+    def record(self, kind: str, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        """One event of `kind` for `key` (old/new: the cached bodies before and after; equal
+        when the event changed nothing)."""
+        changed = old is not new and old != new
+        if kind == "Service":
+            self.services += 1
+            if changed:
+                self.pending_services.add(key)
+        elif kind == "EndpointSlice":
+            self.endpoint_slices += 1
+            if not changed:
+                return
+            self.pending_slices += 1
+            service = (key[0], _labels(new or old).get(SERVICE_NAME_LABEL) or "")
+            if new is None:
+                self.trigger_times.pop(service, None)
+                self.dropped_triggers.add(service)
+                return
+            ann = (new.get("metadata") or {}).get("annotations") or {}
+            value = ann.get(TRIGGER_TIME_ANNOTATION) if isinstance(ann, dict) else None
+            if isinstance(value, str) and value:
+                self.trigger_times.setdefault(service, []).append(value)
+
+    def take(self) -> tuple[dict[Key, list[str]], set[Key]]:
+        """Trigger times and the Services whose slices were deleted since the last take; the
+        pending figures start again from 0."""
+        taken = self.trigger_times, self.dropped_triggers
+        self.pending_services, self.pending_slices = set(), 0
+        self.trigger_times, self.dropped_triggers = {}, set()
+        return taken
+
+
+def _labels(body: dict[str, Any] | None) -> dict[str, Any]:
+    labels = ((body or {}).get("metadata") or {}).get("labels")
+    return labels if isinstance(labels, dict) else {}
 
 
 @dataclass
@@ -121,6 +178,7 @@ class KubernetesSource:
         self._counters: dict[str, int] = dict.fromkeys(
             ("events", "bookmarks", "lists", "relists", "errors"), 0
         )
+        self._changes = ChangeLog()
 
     # -- public API ------------------------------------------------------------------
 
@@ -171,6 +229,19 @@ class KubernetesSource:
             out.append(obj)
         self._memo = memo
         return out
+
+    def changes(self) -> tuple[int, int, int, int]:
+        """(Service events, EndpointSlice events, pending Services, pending EndpointSlice
+        events): see ChangeLog."""
+        with self._lock:
+            c = self._changes
+            return c.services, c.endpoint_slices, len(c.pending_services), c.pending_slices
+
+    def take_changes(self) -> tuple[dict[Key, list[str]], set[Key]]:
+        """What changed since the last take, as the sync about to read a snapshot takes it
+        (ChangeLog.take); call it just before snapshot()."""
+        with self._lock:
+            return self._changes.take()
 
     @property
     def counters(self) -> dict[str, int]:
@@ -340,12 +411,15 @@ class KubernetesSource:
             self._counters["events"] += 1
             if rv:
                 inf.resource_version = rv
+            old = inf.cache.get(key)
             if etype == "DELETED":
                 changed = inf.cache.pop(key, None) is not None
+                self._changes.record(inf.kind, key, old, None)
             else:
-                changed = inf.cache.get(key) != body
+                changed = old != body
                 if changed:  # (an equal body keeps the old one: the same SourceObject, nothing to rebuild)
                     inf.cache[key] = body
+                self._changes.record(inf.kind, key, old, body)
             notify = changed and self._synced.is_set()
         if notify:
             self._notify()
@@ -358,6 +432,8 @@ class KubernetesSource:
             # keep the old body object where nothing changed, so snapshots stay identical
             items = {k: (inf.cache[k] if inf.cache.get(k) == v else v) for k, v in items.items()}
             changed = inf.cache != items
+            for k in inf.cache.keys() | items.keys():  # each object listed, or gone, is an event (client-go's
+                self._changes.record(inf.kind, k, inf.cache.get(k), items.get(k))  # Replace updates them all)
             inf.cache = items
             inf.resource_version = rv
             inf.synced = True

@@ -28,8 +28,9 @@ from reconciler.backends.base import KernelError, Operation
 from reconciler.config import Options
 from reconciler.daemon import Daemon, setup_logging
 from reconciler.backends.generation import next_generation
-from reconciler.health import FakeClock
+from reconciler.health import FakeClock, rfc3339
 from reconciler.sources import watch as watch_mod
+from reconciler.sources.kubernetes import ChangeLog
 from reconciler.sources.objects import InputError, Location, SourceObject
 from reconciler.sources.watch import DirectorySource, Snapshot
 
@@ -658,6 +659,33 @@ def test_node_eligibility_from_the_source() -> None:
     assert d.health.body(with_node=True)[0] == 503
 
 
+def test_the_node_is_eligible_until_the_api_caches_have_synced() -> None:
+    """kube-proxy knows its Node before it serves: /healthz is not 503 merely because we just
+    started; once built from synced caches, a missing Node is ineligible as before."""
+    d, backend, source, clock = make(web())
+    source.kind = "kubernetes"
+    source.is_ready = False
+    d.health.updated()
+    assert d.step() is None
+    code, body = d.health.body(with_node=True)
+    assert code == 200 and body["nodeEligible"] is True
+    source.is_ready = True
+    d.step()
+    assert d.node_eligible() is False  # synced, and no Node of ours
+    source.objects = web() + [node()]
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert d.node_eligible() is True
+    tainted = node()
+    tainted.body["spec"] = {"taints": [{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}]}
+    source.objects = web() + [tainted]
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert d.node_eligible() is False
+
+
 def test_run_forever_coalesces_real_events_and_stops() -> None:
     d, backend, source, clock = make(min_sync_period=0.4)
     d.clock = __import__("reconciler.health", fromlist=["SYSTEM_CLOCK"]).SYSTEM_CLOCK
@@ -1001,17 +1029,79 @@ def _run_in_process(argv: list[str]) -> tuple[int, str]:
     return code, stream.getvalue()
 
 
-def test_run_bind_error_is_a_clear_error_and_exit_1(tmp_path: Path) -> None:
+def test_run_proxies_while_the_healthz_port_is_taken_and_binds_it_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As kube-proxy's serveHealthz (wait.Until every 5 s): an address in use is no reason to stop
+    proxying; it is retried in the background, its error logged once."""
+    import socket
+    import urllib.request
+
+    import reconciler.backends as backends_mod
+    import reconciler.daemon as daemon_mod
+
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    backend = FakeBackend()
+    monkeypatch.setattr(backends_mod, "get_backend", lambda mode: backend)
+    monkeypatch.setattr(daemon_mod, "BIND_RETRY_SECONDS", 0.05)
+    running: dict[str, Any] = {}
+    real_install = daemon_mod._install_signal_handlers
+
+    def install(stop: threading.Event, daemon: Daemon) -> dict[int, Any]:
+        running.update(stop=stop, daemon=daemon)
+        return real_install(stop, daemon)
+
+    monkeypatch.setattr(daemon_mod, "_install_signal_handlers", install)
+
+    def healthz(port: int) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+                return resp.status
+        except OSError:
+            return 0
+
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    result: dict[str, tuple[int, str]] = {}
+    t = threading.Thread(target=lambda: result.update(run=_run_in_process(
+        ["run", "--source", str(tmp_path), "--node-name", "node-a",
+         "--healthz-bind-address", f"127.0.0.1:{port}", "--metrics-bind-address", "127.0.0.1:0"])), daemon=True)
+    t.start()
+    try:
+        assert wait_until(lambda: backend.applies, timeout=10), "no sync while the healthz port was taken"
+        assert list(backend.kernel) == ["default/a:http/TCP"]
+        time.sleep(0.3)  # several retries fail meanwhile
+        blocker.close()
+        assert wait_until(lambda: healthz(port) == 200, timeout=5)
+    finally:
+        blocker.close()
+        if "stop" in running:
+            running["stop"].set()
+            running["daemon"].wake()
+        t.join(10)
+    assert not t.is_alive()
+    code, out = result["run"]
+    assert code == 0, out
+    assert out.count(f"healthz: cannot listen on 127.0.0.1:{port}: Address already in use; retrying every 0.05s") == 1
+    assert f"serving healthz on 127.0.0.1:{port}" in out
+
+
+def test_run_with_bind_address_hard_fail_exits_1(tmp_path: Path) -> None:
     import socket
 
+    config = tmp_path / "config.yaml"
+    config.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+                      "bindAddressHardFail: true\n")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        code, out = _run_in_process(["run", "--source", str(tmp_path), "--node-name", "node-a",
-                                     "--healthz-bind-address", f"127.0.0.1:{port}"])
+        code, out = _run_in_process(["run", "--source", str(tmp_path / "state"), "--node-name", "node-a", "--config",
+                                     str(config), "--healthz-bind-address", f"127.0.0.1:{port}",
+                                     "--metrics-bind-address", "127.0.0.1:0"])
     assert code == 1
-    assert f"healthz: cannot listen on 127.0.0.1:{port}: Address already in use" in out
+    assert f"healthz: cannot listen on 127.0.0.1:{port}: Address already in use\n" in out
 
 
 def test_run_missing_directory_exits_1(tmp_path: Path) -> None:
@@ -1052,3 +1142,162 @@ def test_kernel_tool_failures_are_counted_under_kube_proxys_names_and_timed() ->
     assert d.step().ok is False  # type: ignore[union-attr]
     assert value(d, failures) == 3  # the incremental attempt and its full retry
     assert value(d, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 3  # first, retry, retry
+
+
+def test_no_local_endpoints_counts_only_dropped_traffic() -> None:
+    """kube-proxy counts a Local policy with no local endpoint only when the service has endpoints
+    elsewhere (its traffic is dropped); with none at all it is rejected and not counted."""
+    none_anywhere = [
+        service("itp", "10.96.0.21", HTTP, internalTrafficPolicy="Local"),
+        service("etp", "10.96.0.22", [dict(HTTP[0], nodePort=30022)], type="NodePort",
+                externalTrafficPolicy="Local"),
+    ]
+    elsewhere = [
+        service("itp2", "10.96.0.23", HTTP, internalTrafficPolicy="Local"),
+        endpoint_slice("itp2", [endpoint("10.244.2.10", node="node-b")], port=8080),
+        service("etp2", "10.96.0.24", [dict(HTTP[0], nodePort=30024)], type="NodePort",
+                externalTrafficPolicy="Local"),
+        endpoint_slice("etp2", [endpoint("10.244.2.11", node="node-b")], port=8080),
+    ]
+    d, backend, source, clock = make(none_anywhere)
+    d.step()
+    assert value(d, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", {"traffic_policy": "internal"}) == 0
+    assert value(d, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", {"traffic_policy": "external"}) == 0
+    source.objects = none_anywhere + elsewhere
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert value(d, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", {"traffic_policy": "internal"}) == 1
+    assert value(d, "kubeproxy_sync_proxy_rules_no_local_endpoints_total", {"traffic_policy": "external"}) == 1
+
+
+class ChangeLoggingSource(FakeSource):
+    """A source that logs its changes as the API source does (sources.kubernetes.ChangeLog)."""
+
+    kind = "kubernetes"
+
+    def __init__(self, objects: list[SourceObject]) -> None:
+        super().__init__(objects)
+        self.log = ChangeLog()
+
+    def changes(self) -> tuple[int, int, int, int]:
+        c = self.log
+        return c.services, c.endpoint_slices, len(c.pending_services), c.pending_slices
+
+    def take_changes(self) -> tuple[dict[tuple[str, str], list[str]], set[tuple[str, str]]]:
+        return self.log.take()
+
+
+def test_change_metrics_follow_the_api_events() -> None:
+    """*_changes_total count every event (three updates of one slice: three), *_changes_pending
+    what the next sync has not taken yet; the network programming latency is observed per event."""
+    clock = FakeClock()
+    objs = web()
+    source = ChangeLoggingSource(objs)
+    for o in objs:
+        source.log.record(o.kind, (o.namespace, o.name), None, o.body)
+    d = Daemon(Options(node_name="node-a", sync_period=SYNC, min_sync_period=MIN_SYNC), FakeBackend(), source,
+               clock=clock)
+    d.notify()
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_pending") == 1
+    assert value(d, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 1
+    d.step()
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_pending") == 0
+    assert value(d, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
+    old = objs[1].body
+    for i, ip in enumerate(("10.244.1.20", "10.244.1.21", "10.244.1.22")):
+        new = endpoint_slice("web", [endpoint(ip)], port=8080).body
+        new["metadata"]["annotations"] = {  # type: ignore[index]
+            "endpoints.kubernetes.io/last-change-trigger-time": rfc3339(clock.time() + i)}
+        source.log.record("EndpointSlice", ("default", "web"), old, new)
+        old = new
+        d.notify()
+    source.objects = [objs[0], SourceObject("EndpointSlice", "default", "web", old, objs[1].location)]
+    assert value(d, "kubeproxy_sync_proxy_rules_endpoint_changes_total") == 4
+    assert value(d, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 3
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_total") == 1
+    clock.advance(4)
+    assert d.step().ok  # type: ignore[union-attr]
+    assert value(d, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
+    assert value(d, "kubeproxy_network_programming_duration_seconds_count") == 3
+    assert value(d, "kubeproxy_network_programming_duration_seconds_sum") == pytest.approx(4 + 3 + 2)
+
+
+def test_directory_changes_held_by_invalid_input_are_pending(tmp_path: Path) -> None:
+    """From a directory the pending gauges are the changes read but not built yet."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    clock = FakeClock()
+    d = Daemon(Options(node_name="node-a"), FakeBackend(), None, clock=clock)
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_pending") == 0
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=81))
+    (tmp_path / "c.yaml").write_text("kind: [")
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert value(d, "reconciler_input_degraded") == 1
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_pending") == 2  # a (changed) and b
+    (tmp_path / "c.yaml").unlink()
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert value(d, "reconciler_input_degraded") == 0
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_pending") == 0
+    assert value(d, "kubeproxy_sync_proxy_rules_service_changes_total") == 3  # a; then a and b
+
+
+def test_a_full_retry_is_timed_on_its_own_and_iptables_counts_partial_failures() -> None:
+    """The full resync after a failed incremental one is timed from its own start (kube-proxy's
+    next sync is a call of its own); iptables mode counts the failed incremental restore as a
+    partial restore failure too."""
+    from reconciler.metrics import Metrics
+
+    d, backend, source, clock = make()
+    d.metrics = Metrics("iptables")
+    d.step()
+    real_apply = backend.apply
+    calls = []
+
+    def slow_then_failing(ops: list[Operation]) -> list[int] | None:
+        calls.append(ops)
+        clock.advance(1.0)
+        if len(calls) == 1:
+            raise KernelError("iptables-restore: line 3 failed")
+        return real_apply(ops)
+
+    backend.apply = slow_then_failing  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",))
+    d.notify()
+    clock.advance(2)
+    assert d.step().ok  # type: ignore[union-attr]
+    assert value(d, "kubeproxy_sync_full_proxy_rules_duration_seconds_sum") == pytest.approx(1.0)
+    assert value(d, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total") == 1
+    assert value(d, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total") == 1
+
+
+def test_exposition_has_no_created_series_and_nftables_cleanup_failures_at_zero() -> None:
+    from reconciler.metrics import Metrics
+
+    m = Metrics("nftables")
+    text = generate_latest(m.registry).decode()
+    assert "_created" not in text
+    assert m.registry.get_sample_value("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total") == 0
+
+
+def test_conntrack_cleanups_are_measured_per_family(conntrack_in_memory: Any) -> None:
+    """kubeproxy_conntrack_reconciler_{sync_duration_seconds,deleted_entries_total}{ip_family}."""
+    from reconciler.conntrack import Entry
+
+    dns = [{"name": "dns", "port": 53, "protocol": "UDP"}]
+    objs = [service("dns", "10.96.0.10", dns),
+            endpoint_slice("dns", [endpoint("10.244.1.10")], port=53, port_name="dns", protocol="UDP")]
+    conntrack_in_memory.entries = [Entry("10.244.9.9", 40000, "10.96.0.10", 53, "10.96.0.10", 53),
+                                   Entry("10.244.9.9", 40001, "10.96.0.10", 53, "10.244.1.10", 53)]
+    d, backend, source, clock = make(objs)
+    d.step()
+    ipv4 = {"ip_family": "IPv4"}
+    assert value(d, "kubeproxy_conntrack_reconciler_sync_duration_seconds_count", ipv4) == 1
+    assert value(d, "kubeproxy_conntrack_reconciler_deleted_entries_total", ipv4) == 1
+    assert len(conntrack_in_memory.entries) == 1

@@ -3,6 +3,8 @@ healthCheckNodePort servers, on real sockets on 127.0.0.1 with an injected clock
 
 from __future__ import annotations
 
+import errno
+import http.client
 import json
 import socket
 import urllib.error
@@ -34,6 +36,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+needs_ipv6 = pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback here")
 
 
 # ---------------------------------------------------------------------------------------- state
@@ -170,6 +184,84 @@ def test_healthz_and_livez_over_http(metrics: Metrics) -> None:
         srv.close()
 
 
+@needs_ipv6
+@pytest.mark.parametrize("address", ["0.0.0.0:0", "[::]:0", ":0"])
+def test_a_wildcard_address_takes_both_families(address: str) -> None:
+    """As Go's net.Listen("tcp", "0.0.0.0:10256"): IPv6 probes of an IPv4 wildcard are answered too."""
+    h = ProxyHealth(60, FakeClock())
+    srv = start_proxy_health_server(address, h)
+    assert srv is not None
+    try:
+        for host in ("127.0.0.1", "[::1]"):
+            assert get(f"http://{host}:{srv.port}/livez")[0] == 200, host
+    finally:
+        srv.close()
+
+
+def test_a_wildcard_address_is_ipv4_where_there_is_no_ipv6(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.socket
+
+    def no_ipv6(family: int = socket.AF_INET, *args: Any, **kwargs: Any) -> socket.socket:
+        if family == socket.AF_INET6:
+            raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+        return real(family, *args, **kwargs)
+
+    for address in ("0.0.0.0:0", "[::]:0"):
+        with monkeypatch.context() as m:
+            m.setattr(socket, "socket", no_ipv6)
+            srv = start_proxy_health_server(address, ProxyHealth(60, FakeClock()))
+        assert srv is not None
+        try:
+            assert srv.server.address_family == socket.AF_INET
+            assert get(f"http://127.0.0.1:{srv.port}/livez")[0] == 200
+        finally:
+            srv.close()
+
+
+def request(port: int, method: str, path: str, host: str = "127.0.0.1",
+            body: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection(host, port, timeout=5)
+    try:
+        conn.request(method, path, body=body)
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+METHODS = ("POST", "PUT", "DELETE", "OPTIONS", "PATCH", "PROPFIND")
+
+
+def test_every_method_gets_the_same_answer_and_no_server_header(metrics: Metrics) -> None:
+    """kube-proxy's handlers ignore the method; Go's net/http sends no Server header."""
+    h = ProxyHealth(60, FakeClock())
+    h.updated()
+    srv = start_proxy_health_server("127.0.0.1:0", h, metrics)
+    assert srv is not None
+    try:
+        for path in ("/healthz", "/livez"):
+            want = request(srv.port, "GET", path)
+            assert want[0] == 200 and "Server" not in want[1]
+            for method in METHODS:
+                code, headers, raw = request(srv.port, method, path, body=b'{"x": 1}')
+                assert (code, headers["Content-Type"]) == (200, "application/json"), (method, path)
+                assert json.loads(raw).keys() == json.loads(want[2]).keys()
+                assert "Server" not in headers
+        assert request(srv.port, "POST", "/other")[0] == 404
+        # a request body is read past: the next request on the connection is answered
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=5)
+        try:
+            for method in ("POST", "GET"):
+                conn.request(method, "/livez", body=b"x" * 1000 if method == "POST" else None)
+                resp = conn.getresponse()
+                assert resp.status == 200 and json.loads(resp.read())["healthy"] is True
+        finally:
+            conn.close()
+        assert metrics.registry.get_sample_value("kubeproxy_proxy_healthz_total", {"code": "200"}) == 1 + len(METHODS)
+    finally:
+        srv.close()
+
+
 def test_bind_error_is_clear() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -283,3 +375,57 @@ def test_service_health_port_in_use_is_retried(service_servers) -> None:
     blocker.close()
     assert servers.sync([HealthCheck("ns/svc", port, 1)]) == []
     assert hc(port)[0] == 200
+
+
+def test_service_health_answers_every_method(service_servers) -> None:
+    servers, _ = service_servers
+    port = free_port()
+    servers.sync([HealthCheck("ns/svc", port, 2)])
+    want = hc(port)
+    for method in METHODS:
+        code, headers, raw = request(port, method, "/")
+        assert code == 200 and raw.decode() == want[2].decode(), method
+        assert headers["X-Load-Balancing-Endpoint-Weight"] == "2" and "Server" not in headers
+
+
+def test_service_health_port_bound_on_only_some_addresses_is_retried_on_all() -> None:
+    """As upstream's listenAndServeAll: a port that one address refuses is closed on all and left
+    out, so that the next sync tries every address again."""
+    servers = ServiceHealthServers(lambda: True, hosts=["127.0.0.1", "127.0.0.2"])
+    port = free_port()
+    blocker = socket.socket()
+    try:
+        blocker.bind(("127.0.0.2", port))
+        blocker.listen()
+        errors = servers.sync([HealthCheck("ns/svc", port, 1)])
+        assert len(errors) == 1 and "127.0.0.2" in errors[0]
+        assert servers.services == {}
+        with pytest.raises(OSError):  # not left open on the address that worked
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        blocker.close()
+        assert servers.sync([HealthCheck("ns/svc", port, 1)]) == []
+        for host in ("127.0.0.1", "127.0.0.2"):
+            assert get(f"http://{host}:{port}/")[0] == 200
+    finally:
+        blocker.close()
+        servers.close()
+
+
+@needs_ipv6
+def test_service_health_default_hosts_are_one_dual_stack_socket() -> None:
+    servers = ServiceHealthServers(lambda: True)
+    port = free_port()
+    try:
+        assert servers.sync([HealthCheck("ns/svc", port, 1)]) == []
+        entry = servers.entry("ns/svc")
+        assert entry is not None and len(entry.servers) == 1
+        for host in ("127.0.0.1", "[::1]"):
+            assert get(f"http://{host}:{port}/")[0] == 200
+    finally:
+        servers.close()
+    explicit = ServiceHealthServers(lambda: True, hosts=["::"])  # "::" is both families too
+    try:
+        assert explicit.sync([HealthCheck("ns/svc", port, 1)]) == []
+        assert get(f"http://127.0.0.1:{port}/")[0] == 200
+    finally:
+        explicit.close()

@@ -698,3 +698,37 @@ def test_model_matches_its_schema() -> None:
     doc = backend.model_to_dict(backend.render(state))
     jsonschema.validate(doc, schema)
     assert doc["ipv4"]["nat"]["chains"] and doc["ipv6"]["nat"]["chains"]
+
+
+def test_rule_counts_for_kube_proxys_iptables_total_and_last():
+    """sync_proxy_rules_iptables_total{table}: our rules now; ..._last{table}: the rules the last
+    restore wrote — read off the restore input itself (-A / -I lines per table)."""
+    backend = IptablesBackend(flavour="nft")
+    d = example_state()
+    model = backend.render(d)
+    ops = diff(model, IptablesModel())
+
+    def written_lines(ops) -> dict[str, int]:
+        out = {"filter": 0, "nat": 0}
+        for text in restore_inputs(ops).values():
+            table = None
+            for line in text.splitlines():
+                if line.startswith("*"):
+                    table = line[1:]
+                elif line.startswith(("-A ", "-I ")):
+                    out[table] += 1
+        return out
+
+    cold = written_lines(ops)
+    assert cold["nat"] > 0 and cold["filter"] > 0
+    assert backend.rules_written(ops) == cold
+    assert backend.rule_counts(model) == cold  # (cold: everything written is everything we own)
+    # one endpoint fewer of one service (among twenty): only that service's chains are written
+    others = [o for i in range(20) for o in (service(f"s{i}", f"10.96.1.{i + 1}", HTTP),
+                                             endpoint_slice(f"s{i}", [endpoint("10.244.1.1"), endpoint("10.244.1.2")]))]
+    before = backend.render(build(others))
+    after = backend.render(build(others[:-1] + [endpoint_slice("s19", [endpoint("10.244.1.1")])]))
+    change = diff(after, before)
+    assert backend.rules_written(change) == written_lines(change)
+    assert 0 < backend.rules_written(change)["nat"] < backend.rule_counts(after)["nat"] // 10
+    assert backend.rule_counts(after)["nat"] < backend.rule_counts(before)["nat"]

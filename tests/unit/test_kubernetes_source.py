@@ -194,6 +194,35 @@ def test_updates_and_deletes_reach_the_snapshot(server: FakeAPIServer, make_sour
     assert src.resource_version("Service") == str(server.resource_version - 2)
 
 
+def with_trigger(slice_: dict[str, Any], when: str) -> dict[str, Any]:
+    slice_["metadata"]["annotations"] = {"endpoints.kubernetes.io/last-change-trigger-time": when}
+    return slice_
+
+
+def test_change_log_counts_every_event_and_what_no_snapshot_took(server: FakeAPIServer, make_source: Any) -> None:
+    """kube-proxy's change metrics: *_changes_total count events (the initial list's objects too);
+    *_changes_pending: distinct Services, and EndpointSlice events, since the last take."""
+    populate(server)
+    src = make_source(server)
+    assert src.wait_synced(3)
+    assert src.changes() == (3, 3, 3, 3)
+    src.take_changes()
+    assert src.changes() == (3, 3, 0, 0)
+    server.update(service("a", port=8080))
+    server.update(service("a", port=8081))
+    for i, when in enumerate(("2024-01-01T00:00:01Z", "2024-01-01T00:00:02Z", "2024-01-01T00:00:03Z")):
+        server.update(with_trigger(endpoint_slice("b-x1", "b", [f"10.0.0.{i + 2}"]), when))
+    server.update(with_trigger(endpoint_slice("c-x1", "c", ["10.0.0.9"]), "2024-01-01T00:00:04Z"))
+    server.delete("EndpointSlice", "default", "c-x1")
+    assert wait_until(lambda: src.changes()[:2] == (5, 8))
+    assert src.changes() == (5, 8, 1, 5)
+    times, dropped = src.take_changes()
+    # one trigger time per event; a deleted slice drops its Service's (kube-proxy's tracker does)
+    assert times == {("default", "b"): ["2024-01-01T00:00:01Z", "2024-01-01T00:00:02Z", "2024-01-01T00:00:03Z"]}
+    assert dropped == {("default", "c")}
+    assert src.changes() == (5, 8, 0, 0)
+
+
 def test_selectors_match_kube_proxy(server: FakeAPIServer, make_source: Any) -> None:
     populate(server)
     server.create(service("custom", labels=PROXY_NAME))
@@ -309,6 +338,10 @@ def test_gone_relists_and_replaces_the_cache(make_source: Any, gone_mode: str) -
         assert int(stale) < srv.resource_version - 3
         assert src.resource_version("Service") == str(srv.resource_version)
         assert calls.n >= 3  # sync + at least one change per relisted resource
+        # kube-proxy counts every object a relist delivers (client-go's Replace updates each one):
+        # Services a, b, c listed; then a, c, d listed and b gone: 3 + 4. Slices a-x1, b-x1, c-x1;
+        # then a-x1, c-x1 listed and b-x1 gone: 3 + 3.
+        assert wait_until(lambda: src.changes()[:2] == (7, 6)), src.changes()
         srv.create(service("e"))  # and the new watch works
         assert wait_until(lambda: "e" in names(src, "Service"))
         src.stop()

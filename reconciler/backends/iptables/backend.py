@@ -18,7 +18,7 @@ from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
 from .observed import canonical_texts, read_our_tables
 from .render import (
-    COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX,
+    COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX, TABLES,
     IptablesModel, Renderer, TableState, chain_hash, is_service_chain,
 )
 from .save import Rule
@@ -122,6 +122,24 @@ class IptablesBackend:
 
     def service_view(self, model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         return service_view(model, only)
+
+    def rule_counts(self, model: IptablesModel) -> dict[str, int]:
+        """Our rules per table, both families (kube-proxy's sync_proxy_rules_iptables_total)."""
+        out = dict.fromkeys(TABLES, 0)
+        for tables in model.families.values():
+            for name, state in tables.items():
+                out[name] = out.get(name, 0) + len(state.jumps) + sum(len(rules) for rules in state.chains.values())
+        return out
+
+    @staticmethod
+    def rules_written(operations: list[Operation]) -> dict[str, int]:
+        """Rules these operations write, per table (kube-proxy's sync_proxy_rules_iptables_last)."""
+        out = dict.fromkeys(TABLES, 0)
+        for op in operations:
+            if op.kind == "rule" and op.action == "+":
+                table = op.name.split()[1]
+                out[table] = out.get(table, 0) + 1
+        return out
 
 
 def _service_chains(chains: Mapping[str, tuple[Rule, ...]], only: set[str] | None
