@@ -12,7 +12,7 @@ import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
 from sys import intern
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .sources.objects import InputError, InputErrors, Path, SourceObject, format_path
 from .state import (
@@ -76,18 +76,29 @@ def _pton(text: str) -> bytes | None:
         return None
 
 
+def _sloppily(parse: Callable[[str], Any], text: str) -> tuple[Any, str] | None:
+    """parse(text), else parse() of the text with leading zeros dropped (ParseIPSloppy's rule):
+    the result and why it was read loosely ('' if it was not); None if neither parses."""
+    got = parse(text)
+    if got is not None:
+        return got, ""
+    got = parse(_LEADING_ZEROS.sub(_STRIP_ZEROS, text))
+    return None if got is None else (got, _ZEROS_NOTE)
+
+
+def _mapped(note: str) -> str:
+    return f"{note}; {_MAPPED_NOTE}" if note else _MAPPED_NOTE
+
+
 def _read_ip(text: str) -> tuple[str, str] | None:
     """An IP address as kube-proxy reads it: its canonical text (what nft and iptables print) and
     why it was read loosely ('' if it was not); None if invalid."""
-    note = ""
-    packed = _pton(text)
-    if packed is None:
-        packed = _pton(_LEADING_ZEROS.sub(_STRIP_ZEROS, text))
-        if packed is None:
-            return None
-        note = _ZEROS_NOTE
+    read = _sloppily(_pton, text)
+    if read is None:
+        return None
+    packed, note = read
     if packed[:12] == _V4_MAPPED:
-        return socket.inet_ntop(socket.AF_INET, packed[12:]), f"{note}; {_MAPPED_NOTE}" if note else _MAPPED_NOTE
+        return socket.inet_ntop(socket.AF_INET, packed[12:]), _mapped(note)
     return socket.inet_ntop(socket.AF_INET6 if len(packed) == 16 else socket.AF_INET, packed), note
 
 
@@ -106,15 +117,12 @@ def _network(text: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
 def _read_cidr(text: str) -> tuple[str, str] | None:
     """A CIDR as kube-proxy reads it (an IPv4-mapped IPv6 network of /96 or longer is IPv4, as Go
     prints it): its canonical text and why it was read loosely, as _read_ip; None if invalid."""
-    note = ""
-    net = _network(text)
-    if net is None:
-        net = _network(_LEADING_ZEROS.sub(_STRIP_ZEROS, text))
-        if net is None:
-            return None
-        note = _ZEROS_NOTE
+    read = _sloppily(_network, text)
+    if read is None:
+        return None
+    net, note = read
     if isinstance(net, ipaddress.IPv6Network) and (v4 := net.network_address.ipv4_mapped) is not None:
-        return str(ipaddress.IPv4Network((v4, net.prefixlen - 96))), f"{note}; {_MAPPED_NOTE}" if note else _MAPPED_NOTE
+        return str(ipaddress.IPv4Network((v4, net.prefixlen - 96))), _mapped(note)
     return str(net), note
 
 

@@ -551,15 +551,18 @@ def test_failed_resyncs_with_nothing_to_do_leave_health_alone_but_unrepaired_dri
         assert d.health.body(with_node=True)[0] == status
 
 
-def change_with_the_next_apply_failing(d: Daemon, backend: FakeBackend, source: FakeSource, clock: FakeClock) -> None:
-    """An endpoint changes (an incremental sync is due) and the backend's next apply fails once."""
+def change_with_the_next_apply_failing(d: Daemon, backend: FakeBackend, source: FakeSource, clock: FakeClock,
+                                       error: str = "nft: No such file or directory", takes: float = 0.0) -> None:
+    """An endpoint changes (an incremental sync is due) and the backend's next apply fails once
+    with `error`; each apply takes `takes` seconds of the clock."""
     real_apply = backend.apply
     calls = []
 
     def apply_once_failing(ops: list[Operation]) -> list[int] | None:
         calls.append(ops)
+        clock.advance(takes)
         if len(calls) == 1:
-            raise KernelError("nft: No such file or directory")
+            raise KernelError(error)
         return real_apply(ops)
 
     backend.apply = apply_once_failing  # type: ignore[method-assign]
@@ -1257,20 +1260,7 @@ def test_a_full_retry_is_timed_on_its_own_and_iptables_counts_partial_failures()
     d, backend, source, clock = make()
     d.metrics = Metrics("iptables")
     d.step()
-    real_apply = backend.apply
-    calls = []
-
-    def slow_then_failing(ops: list[Operation]) -> list[int] | None:
-        calls.append(ops)
-        clock.advance(1.0)
-        if len(calls) == 1:
-            raise KernelError("iptables-restore: line 3 failed")
-        return real_apply(ops)
-
-    backend.apply = slow_then_failing  # type: ignore[method-assign]
-    source.objects = web(eps=("10.244.1.77",))
-    d.notify()
-    clock.advance(2)
+    change_with_the_next_apply_failing(d, backend, source, clock, "iptables-restore: line 3 failed", takes=1.0)
     assert d.step().ok  # type: ignore[union-attr]
     assert value(d, "kubeproxy_sync_full_proxy_rules_duration_seconds_sum") == pytest.approx(1.0)
     assert value(d, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total") == 1
