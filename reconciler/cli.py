@@ -12,7 +12,9 @@ from typing import Any, Sequence
 from . import __version__, gcpolicy
 from .backends import get_backend
 from .backends.base import KernelError
-from .config import MODES, Options, load_kube_proxy_config, merge, parse_cidrs, parse_duration
+from .config import (
+    INT32_MAX, MODES, Options, conntrack_seconds, load_kube_proxy_config, merge, parse_cidrs, parse_duration,
+)
 from .reconcile import apply, load_desired, plan_against_kernel
 from .sources.objects import InputError, InputErrors
 
@@ -96,7 +98,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
     p.add_argument("--metrics-bind-address", metavar="HOST:PORT", help="/metrics (default 127.0.0.1:10249)")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    _conntrack_flags(p)
     return parser
+
+
+# kube-proxy's conntrack flags, --conntrack-tcp-be-liberal aside: (flag, metavar, help)
+CONNTRACK_FLAGS = (
+    ("--conntrack-max-per-core", "N", "nf_conntrack_max: N x the node's CPUs, capped at 1048576, at least "
+                                      "--conntrack-min; only ever raised (default 32768; 0: leave it alone)"),
+    ("--conntrack-min", "N", "the floor of --conntrack-max-per-core x CPUs (default 131072)"),
+    ("--conntrack-tcp-timeout-established", "DURATION", "idle timeout of established TCP connections "
+                                                        "(default 24h)"),
+    ("--conntrack-tcp-timeout-close-wait", "DURATION", "timeout of TCP connections in CLOSE_WAIT (default 1h)"),
+    ("--conntrack-udp-timeout", "DURATION", "idle timeout of UNREPLIED UDP flows (default 0: leave it alone)"),
+    ("--conntrack-udp-timeout-stream", "DURATION", "idle timeout of ASSURED UDP flows (default 0: leave it alone)"),
+)
+
+
+def _count(text: str) -> int:
+    """An int32 >= 0, as kube-proxy's conntrack counts."""
+    value = int(text) if text.strip().isdigit() else -1
+    if not 0 <= value <= INT32_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to {INT32_MAX}, got {text!r}")
+    return value
+
+
+def _conntrack_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("conntrack sysctls, set once at start as kube-proxy does (flags win over "
+                             "`conntrack:` in --config)")
+    for flag, metavar, text in CONNTRACK_FLAGS:
+        g.add_argument(flag, metavar=metavar, help=text, type=_count if metavar == "N" else str)
+    g.add_argument("--conntrack-tcp-be-liberal", action="store_true", default=None,
+                   help="set nf_conntrack_tcp_be_liberal to 1: out-of-window TCP packets are not INVALID")
+    g.add_argument("--conntrack-sysctl-dir", metavar="DIR",
+                   help="where this node's net.netfilter sysctls are (default /proc/sys/net/netfilter; "
+                        "a non-privileged container's /proc/sys is read-only: mount the host's elsewhere)")
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -116,8 +152,17 @@ def options_from(args: argparse.Namespace) -> Options:
         value = getattr(args, name, None)
         if value:
             flags[attr] = parse_duration(value)
-    for name in ("healthz_bind_address", "metrics_bind_address"):
+    for name in ("healthz_bind_address", "metrics_bind_address", "conntrack_max_per_core", "conntrack_min",
+                 "conntrack_tcp_be_liberal", "conntrack_sysctl_dir"):
         flags[name] = getattr(args, name, None)
+    for flag, metavar, _ in CONNTRACK_FLAGS:
+        name = flag[2:].replace("-", "_")
+        value = getattr(args, name, None)
+        if metavar == "DURATION" and value is not None:
+            try:
+                flags[name] = conntrack_seconds(value, flag)
+            except ValueError as exc:
+                raise ValueError(f"{flag}: {exc}") from None
     return merge(opts, flags)
 
 

@@ -38,6 +38,15 @@ def parse_duration(text: str) -> float:
     return total
 
 
+def conntrack_seconds(text: str, where: str) -> float:
+    """A conntrack timeout in seconds; kube-proxy writes it truncated to whole seconds (warned)."""
+    seconds = parse_duration(text)
+    if seconds != int(seconds):
+        log.warning("%s: %s is not a whole number of seconds: %d is written (kube-proxy truncates)",
+                    where, text, int(seconds))
+    return seconds
+
+
 def parse_cidrs(text: str | list[str], what: str) -> tuple[str, ...]:
     items = text if isinstance(text, list) else [p for p in text.split(",")]
     out = []
@@ -65,6 +74,15 @@ class Options:
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
     bind_address_hard_fail: bool = False  # exit if healthz/metrics cannot listen (else: retried)
+    # the conntrack sysctls `run` sets at start (kube-proxy's `conntrack:`; 0 leaves a value alone)
+    conntrack_max_per_core: int = 32768
+    conntrack_min: int = 131072
+    conntrack_tcp_timeout_established: float = 86400.0
+    conntrack_tcp_timeout_close_wait: float = 3600.0
+    conntrack_tcp_be_liberal: bool = False
+    conntrack_udp_timeout: float = 0.0
+    conntrack_udp_timeout_stream: float = 0.0
+    conntrack_sysctl_dir: str | None = None  # where net.netfilter is (None: /proc/sys/net/netfilter)
 
     def build_options(self) -> BuildOptions:
         return BuildOptions(self.node_name, self.cluster_cidrs, self.service_cidrs, self.nodeport_cidrs,
@@ -136,7 +154,52 @@ def load_kube_proxy_config(path: str) -> dict[str, Any]:
     for key, attr in (("healthzBindAddress", "healthz_bind_address"), ("metricsBindAddress", "metrics_bind_address")):
         if doc.get(key):
             out[attr] = str(doc[key])
+    out.update(_conntrack(doc, where))
     _warn_unsupported(doc, where)
+    return out
+
+
+# KubeProxyConfiguration `conntrack:` keys -> Options attributes
+CONNTRACK_KEYS = {
+    "maxPerCore": "conntrack_max_per_core",
+    "min": "conntrack_min",
+    "tcpEstablishedTimeout": "conntrack_tcp_timeout_established",
+    "tcpCloseWaitTimeout": "conntrack_tcp_timeout_close_wait",
+    "tcpBeLiberal": "conntrack_tcp_be_liberal",
+    "udpTimeout": "conntrack_udp_timeout",
+    "udpStreamTimeout": "conntrack_udp_timeout_stream",
+}
+INT32_MAX = 2**31 - 1
+
+
+def _conntrack(doc: dict[str, Any], where: Any) -> dict[str, Any]:
+    """The `conntrack:` section: null is kube-proxy's default; what kube-proxy rejects is an error,
+    an unknown key (kube-proxy's lenient decoding drops it) a warning."""
+    section = doc.get("conntrack")
+    if section is None:
+        return {}
+    if not isinstance(section, dict):
+        raise InputError(where("conntrack"), "expected a mapping", ("conntrack",))
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        loc, path = where("conntrack", key), ("conntrack", key)
+        if key not in CONNTRACK_KEYS:
+            log.warning("%s: conntrack.%s is not a KubeProxyConfiguration field; ignored", loc, key)
+            continue
+        if value is None:
+            continue
+        if key == "tcpBeLiberal":
+            if not isinstance(value, bool):
+                raise InputError(loc, f"expected true or false, got {value!r}", path)
+        elif key in ("maxPerCore", "min"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+                raise InputError(loc, f"expected an integer from 0 to {INT32_MAX}, got {value!r}", path)
+        else:
+            try:
+                value = conntrack_seconds(str(value), f"{loc}: conntrack.{key}")
+            except ValueError as exc:
+                raise InputError(loc, str(exc), path) from None
+        out[CONNTRACK_KEYS[key]] = value
     return out
 
 

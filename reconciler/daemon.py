@@ -17,6 +17,8 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
   errors are logged with their place and counted, /healthz says degraded;
 * kernel errors are logged and counted; the next sync (at the latest one sync-period later) is
   a full one;
+* at start, before the first sync, the conntrack sysctls are set as kube-proxy sets them
+  (conntrack_sysctls.py; if nf_conntrack is not loaded yet, after the first sync, which loads it);
 * SIGTERM/SIGINT: the current transaction finishes, the kernel state stays, exit 0.
 """
 
@@ -34,7 +36,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from . import conntrack, gcpolicy
+from . import conntrack, conntrack_sysctls, gcpolicy
 from .backends.base import KernelError
 from .config import Options
 from .desired import BuildCache, build_desired_state
@@ -239,6 +241,7 @@ class Daemon:
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
+        self.after_first_sync: Callable[[], Any] | None = None  # called once, after the first applied sync
         self.syncs: list[SyncReport] = []  # recent reports (tests, debugging)
 
     # -- events ----------------------------------------------------------------------------
@@ -620,6 +623,9 @@ class Daemon:
                                removed=report.removed, operations=report.operations,
                                duration_ms=round(report.seconds * 1000, 1), services=len(desired.services),
                                kernel_read=report.kernel_read))
+        if self.after_first_sync is not None:
+            hook, self.after_first_sync = self.after_first_sync, None
+            hook()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -669,6 +675,8 @@ def run(args: argparse.Namespace, opts: Options) -> int:
                  extra=_fields(mode=opts.mode, node=opts.node_name, source=args.source))
         if source.kind == "kubernetes":
             log.info("waiting for the Service, EndpointSlice and Node caches to sync")
+        if not conntrack_sysctls.tune(opts, retry_later=True):  # (nf_conntrack not loaded: our rules load it)
+            daemon.after_first_sync = lambda: conntrack_sysctls.tune(opts)
         daemon.run_forever(stop)
         log.info("stopping; kernel state left in place")
         return 0

@@ -1107,6 +1107,70 @@ def test_run_with_bind_address_hard_fail_exits_1(tmp_path: Path) -> None:
     assert f"healthz: cannot listen on 127.0.0.1:{port}: Address already in use\n" in out
 
 
+NF_HOST = {"nf_conntrack_max": 262144, "nf_conntrack_buckets": 65536, "nf_conntrack_tcp_timeout_established": 432000,
+           "nf_conntrack_tcp_timeout_close_wait": 60}
+
+
+def _netfilter(d: Path) -> dict[str, int]:
+    return {p.name: int(p.read_text()) for p in d.iterdir()}
+
+
+@pytest.mark.parametrize("loaded", [True, False])
+def test_run_sets_the_conntrack_sysctls_once_before_the_first_sync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loaded: bool) -> None:
+    """As kube-proxy's platformSetup: once, before the proxier's first sync; nf_conntrack not loaded
+    yet: once, right after the first sync (whose rules load it)."""
+    import reconciler.backends as backends_mod
+    import reconciler.daemon as daemon_mod
+    from reconciler import conntrack_sysctls
+
+    nf, state = tmp_path / "netfilter", tmp_path / "state"
+    nf.mkdir()
+    state.mkdir()
+    (state / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    backend = FakeBackend()
+    monkeypatch.setattr(backends_mod, "get_backend", lambda mode: backend)
+    monkeypatch.setattr(conntrack_sysctls, "node_cpus", lambda: 4)
+    wanted = {"nf_conntrack_max": 300000, "nf_conntrack_buckets": 75000, "nf_conntrack_tcp_timeout_established": 86400,
+              "nf_conntrack_tcp_timeout_close_wait": 3600}
+    if loaded:
+        for name, v in NF_HOST.items():
+            (nf / name).write_text(f"{v}\n")
+
+    def run_forever(self: Daemon, stop: threading.Event) -> None:
+        assert _netfilter(nf) == (wanted if loaded else {})
+        for name, v in NF_HOST.items():  # (not loaded: the first sync loads it; loaded: reset, to see no second write)
+            (nf / name).write_text(f"{v}\n")
+        self.sync("full")
+        assert _netfilter(nf) == (NF_HOST if loaded else wanted)  # (loaded: set once, not again)
+        self.sync("full")
+
+    monkeypatch.setattr(daemon_mod.Daemon, "run_forever", run_forever)
+    code, out = _run_in_process(["run", "--source", str(state), "--node-name", "node-a", "--conntrack-min", "300000",
+                                 "--conntrack-sysctl-dir", str(nf), "--healthz-bind-address", "127.0.0.1:0",
+                                 "--metrics-bind-address", "127.0.0.1:0"])
+    assert code == 0, out
+    assert backend.applies
+    assert out.count("conntrack sysctls set: net.netfilter.nf_conntrack_max=300000, ") == 1
+    first_sync, tuned = out.index("sync full"), out.index("conntrack sysctls set")
+    assert (tuned < first_sync) if loaded else (first_sync < tuned)
+    assert ("nf_conntrack is not loaded yet" in out) is not loaded
+
+
+def test_after_first_sync_runs_once_after_the_first_applied_sync() -> None:
+    d, backend, source, clock = make(objects=[service("web", "10.96.0.10", HTTP)])
+    source.errors = [InputError(Location("a.yaml", 1, 1), "broken")]
+    calls: list[int] = []
+    d.after_first_sync = lambda: calls.append(len(backend.applies))
+    d.sync("full")  # no valid input yet: the kernel is left alone
+    assert calls == []
+    source.errors = []
+    d.notify()
+    d.sync("full")
+    d.sync("full")
+    assert calls == [1] and d.after_first_sync is None
+
+
 def test_run_missing_directory_exits_1(tmp_path: Path) -> None:
     code, out = _run_in_process(["run", "--source", str(tmp_path / "nope"), "--node-name", "node-a",
                                  "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"])

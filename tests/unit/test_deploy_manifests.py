@@ -37,6 +37,7 @@ NAME = "service-reconciler"
 IMAGE = "ghcr.io/service-reconciler/service-reconciler:0.1.0"
 CONFIG_PATH = "/var/lib/reconciler/config.conf"
 HEALTHZ_PORT = 10256
+SYSCTL_MOUNT = "/host/proc/sys/net/netfilter"
 
 # `reconciler run` flags (the CLI contract the manifests and units rely on).
 RUN_FLAGS = {
@@ -54,6 +55,14 @@ RUN_FLAGS = {
     "--healthz-bind-address",
     "--metrics-bind-address",
     "--log-format",
+    "--conntrack-max-per-core",
+    "--conntrack-min",
+    "--conntrack-tcp-timeout-established",
+    "--conntrack-tcp-timeout-close-wait",
+    "--conntrack-tcp-be-liberal",
+    "--conntrack-udp-timeout",
+    "--conntrack-udp-timeout-stream",
+    "--conntrack-sysctl-dir",
 }
 
 EXPECTED_RBAC = {
@@ -269,6 +278,8 @@ def test_daemonset_args_and_env(container):
         CONFIG_PATH,
         "--node-name",
         "$(NODE_NAME)",
+        "--conntrack-sysctl-dir",
+        SYSCTL_MOUNT,
     ]
     assert _flags(args) <= RUN_FLAGS
     env = {e["name"]: e for e in container["env"]}
@@ -309,6 +320,17 @@ def test_lib_modules_mount_read_only(pod_spec, container):
     [name] = [n for n, v in volumes.items() if v.get("hostPath", {}).get("path") == "/lib/modules"]
     assert mounts[name]["mountPath"] == "/lib/modules"
     assert mounts[name]["readOnly"] is True
+
+
+def test_host_netfilter_sysctls_mounted_writable_for_the_conntrack_sysctls(pod_spec, container):
+    """A non-privileged container's /proc/sys is read-only: the host's net.netfilter is mounted
+    read-write elsewhere, where --conntrack-sysctl-dir points (nothing else of /proc or /sys)."""
+    volumes, mounts = _mounts_by_volume(pod_spec, container)
+    [name] = [n for n, v in volumes.items() if v.get("hostPath", {}).get("path", "").startswith(("/proc", "/sys"))]
+    assert volumes[name]["hostPath"] == {"path": "/proc/sys/net/netfilter", "type": "Directory"}
+    assert mounts[name]["mountPath"] == SYSCTL_MOUNT
+    assert not mounts[name].get("readOnly", False)
+    assert pod_spec["hostNetwork"] is True  # (the writes apply to the writer's network namespace)
 
 
 def test_config_map_mounted_at_config_path(pod_spec, container):
@@ -372,6 +394,19 @@ def test_configmap_holds_kube_proxy_configuration():
     assert config["minSyncPeriod"] == "1s"
     assert config["healthzBindAddress"] == f"0.0.0.0:{HEALTHZ_PORT}"
     assert config["metricsBindAddress"] == "127.0.0.1:10249"
+    assert config["conntrack"] == {  # kube-proxy's defaults, spelled out
+        "maxPerCore": 32768, "min": 131072, "tcpEstablishedTimeout": "24h0m0s", "tcpCloseWaitTimeout": "1h0m0s",
+        "tcpBeLiberal": False, "udpTimeout": "0s", "udpStreamTimeout": "0s"}
+
+
+def test_configmap_is_read_as_the_defaults(tmp_path):
+    from reconciler.config import Options, load_kube_proxy_config, merge
+
+    path = tmp_path / "config.conf"
+    path.write_text(_one("ConfigMap")["data"][Path(CONFIG_PATH).name])
+    opts = merge(Options(node_name="n"), load_kube_proxy_config(str(path)))
+    assert {k: v for k, v in vars(opts).items() if k.startswith("conntrack_")} == {
+        k: v for k, v in vars(Options(node_name="n")).items() if k.startswith("conntrack_")}
 
 
 # --------------------------------------------------------- kustomization ----
