@@ -2,8 +2,9 @@
 
 The loop (kube-proxy's BoundedFrequencyRunner, simplified):
 
-* source events only mark the state dirty; syncs are coalesced: at most one per
-  min-sync-period, and at least one full resync per sync-period;
+* source events only mark the state dirty; syncs are coalesced: a sync starts no sooner than
+  min-sync-period after the previous one ended (kube-proxy v1.34+'s runner: no bursts), and a
+  full resync runs at least once per sync-period;
 * a normal sync is incremental: the plan is made against the model left by the last
   successful apply (no kernel read), then applied atomically, without reading the kernel back;
 * the first sync (and a resync that reads) plans against the kernel as read, and the
@@ -53,7 +54,6 @@ from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
 
-BURST_SYNCS = 2  # syncs that may follow each other at once before min_sync_period paces them (kube-proxy's)
 BIND_RETRY_SECONDS = 5.0  # a healthz or metrics address in use is retried this often (kube-proxy's)
 
 Key = tuple[str, str, str]
@@ -225,9 +225,9 @@ class Daemon:
         self._wake = threading.Event()
         self._dirty = True  # the first sync reads the source
         self._need_full = True
-        # syncs are paced as kube-proxy's BoundedFrequencyRunner paces them: a bucket of
-        # BURST_SYNCS tokens, one per sync, refilled at one per min_sync_period
-        self._tokens, self._tokens_at = float(BURST_SYNCS), -math.inf
+        # syncs are paced as kube-proxy's BoundedFrequencyRunner paces them: the next starts no
+        # sooner than min_sync_period after the last one ended
+        self._last_end = -math.inf
         self._last_full = -math.inf
         self.desired: DesiredState | None = None  # last good desired state
         self.applied_desired: DesiredState | None = None
@@ -276,7 +276,7 @@ class Daemon:
             return None, 1.0  # no sync with a half-listed cache; notify() wakes us when synced
         with self._lock:
             dirty = self._dirty
-        earliest = self._next_token_at(now)
+        earliest = max(now, self._last_end + self.opts.min_sync_period)
         full_at = max(self._last_full + self.opts.sync_period, earliest)
         full = self._need_full or self.applied_model is None or now >= full_at
         if dirty:
@@ -286,17 +286,6 @@ class Daemon:
         if now >= full_at:
             return "full", 0.0
         return None, full_at - now
-
-    def _tokens_now(self, now: float) -> float:
-        period = self.opts.min_sync_period
-        if period <= 0 or self._tokens_at == -math.inf:
-            return float(BURST_SYNCS)
-        return min(float(BURST_SYNCS), self._tokens + (now - self._tokens_at) / period)
-
-    def _next_token_at(self, now: float) -> float:
-        """When the next sync may start: now if a token is left, else when one has refilled."""
-        tokens = self._tokens_now(now)
-        return now if tokens >= 1.0 else now + (1.0 - tokens) * self.opts.min_sync_period
 
     def step(self) -> SyncReport | None:
         kind, _ = self.due()
@@ -471,6 +460,7 @@ class Daemon:
         with gcpolicy.paused():
             report = self._sync(kind)
         gcpolicy.after_sync(report.kernel_read or not report.ok)
+        self._last_end = self.clock.monotonic()
         return report
 
     def _sync(self, kind: str) -> SyncReport:
@@ -478,7 +468,6 @@ class Daemon:
         with self._lock:
             was_dirty, self._dirty = self._dirty, False
         full = kind == "full"
-        self._tokens, self._tokens_at = self._tokens_now(start) - 1.0, start
         if full:
             self._last_full = start
         if self.source is not None and (was_dirty or full or self.desired is None):

@@ -193,38 +193,32 @@ def test_the_first_sync_reads_back_only_when_the_generation_cannot_vouch(generat
     assert not resync(d, clock).kernel_read if generation else resync(d, clock).kernel_read
 
 
-def test_events_within_min_sync_period_coalesce_after_a_burst_of_two() -> None:
-    """Paced as kube-proxy's BoundedFrequencyRunner: two syncs may follow each other at once,
-    then one per min-sync-period, which coalesces the events in between into one."""
+def test_events_within_min_sync_period_after_a_sync_coalesce_into_one() -> None:
+    """Paced as kube-proxy's BoundedFrequencyRunner (v1.34+): a sync starts no sooner than
+    min-sync-period after the previous one ended (no bursts); the events in between coalesce."""
     d, backend, source, clock = make()
     d.step()
     clock.advance(5)
     source.objects = web(eps=("10.244.1.10", "10.244.1.11"))
     d.notify()
-    first = d.step()  # the last sync was long ago: runs at once
+    first = d.step()  # the last sync ended long ago: runs at once
     assert first is not None and first.kind == "incremental" and first.changed == 1
-    clock.advance(0.05)
-    source.objects = web(eps=("10.244.1.10",))
-    d.notify()
-    second = d.step()  # the burst's second sync: at once too
-    assert second is not None and second.changed == 1
     syncs = len(d.syncs)
-    for i in range(5):  # more events inside one min-sync-period
+    for i in range(5):  # more events inside one min-sync-period after it
         clock.advance(0.15)
         source.objects = web(eps=("10.244.1.10", "10.244.1.11", f"10.244.2.{10 + i}"))
         d.notify()
         assert d.step() is None
-    kind, wait = d.due()  # a token back one min-sync-period after the bucket ran dry (the
-    # second sync took what had refilled in 0.05 s beside the last token)
-    assert kind is None and wait == pytest.approx(MIN_SYNC - 0.05 - 0.75, abs=1e-3)
+    kind, wait = d.due()
+    assert kind is None and wait == pytest.approx(MIN_SYNC - 0.75, abs=1e-3)
     clock.advance(wait + 1e-3)
     report = d.step()
     assert report is not None and report.kind == "incremental"
     assert len(d.syncs) == syncs + 1  # five events, one sync
     assert d.step() is None
-    assert len(backend.applies) == 4  # initial, the burst's two, the coalesced rest
+    assert len(backend.applies) == 3  # initial, the first change, the coalesced rest
     assert "10.244.2.14" in str(d.desired)
-    clock.advance(0.5)  # half a token back: the next event waits for the other half
+    clock.advance(0.5)  # half a min-sync-period since it ended: the next event waits the rest
     source.objects = web()
     d.notify()
     assert d.step() is None and d.due()[1] == pytest.approx(MIN_SYNC - 0.5, abs=1e-3)
@@ -699,13 +693,13 @@ def test_run_forever_coalesces_real_events_and_stops() -> None:
     try:
         assert wait_until(lambda: len(d.syncs) == 1)
         time.sleep(0.5)
-        for i in range(8):  # 8 events within ~0.16 s: two syncs at once (the burst), at most one
-            source.objects = web(eps=(f"10.244.1.{20 + i}",))  # more after min-sync-period
+        for i in range(8):  # 8 events within ~0.16 s: one sync at once, at most one more
+            source.objects = web(eps=(f"10.244.1.{20 + i}",))  # min-sync-period after it ended
             d.notify()
             time.sleep(0.02)
         assert wait_until(lambda: "10.244.1.27" in str(d.desired), timeout=3)
         time.sleep(0.6)
-        assert 2 <= len(d.syncs) <= 4, d.syncs
+        assert 2 <= len(d.syncs) <= 3, d.syncs
     finally:
         stop.set()
         d.wake()
