@@ -13,7 +13,8 @@ from . import __version__, gcpolicy
 from .backends import get_backend
 from .backends.base import KernelError
 from .config import (
-    INT32_MAX, MODES, Options, conntrack_seconds, load_kube_proxy_config, merge, parse_cidrs, parse_duration,
+    INT32_MAX, MODES, Options, conntrack_seconds, load_kube_proxy_config, merge, parse_cidrs,
+    parse_duration, parse_nodeport_addresses,
 )
 from .reconcile import apply, load_desired, plan_against_kernel
 from .sources.objects import InputError, InputErrors
@@ -34,17 +35,21 @@ def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, 
     if source:
         p.add_argument("--source", required=True, metavar="DIR",
                        help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
-    p.add_argument("--config", metavar="FILE", help="a kube-proxy KubeProxyConfiguration file; flags win over it")
-    p.add_argument("--mode", choices=MODES, help="kernel backend (default: nftables)")
-    p.add_argument("--node-name", help="this node's name (default: the hostname)")
+    p.add_argument("--config", metavar="FILE",
+                   help="a kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1; its nftables: "
+                        "or iptables: section, that of the mode run, is read); flags win over it")
+    p.add_argument("--mode", choices=MODES, help="kernel backend (default: the file's mode, else nftables)")
+    p.add_argument("--node-name", help="this node's name (default: the file's hostnameOverride, else the hostname)")
     p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
-                   help="pod CIDRs; traffic from outside them to a ClusterIP is masqueraded")
+                   help="pod CIDRs (one, or one of each family, as kube-proxy; several per family are taken "
+                        "too); traffic from outside them to a ClusterIP is masqueraded")
     p.add_argument("--service-cidr", metavar="CIDR[,CIDR]",
                    help="service CIDRs: unallocated IPs are dropped (unused ports of ClusterIPs are rejected: "
                         "by nftables always, by iptables with this flag)")
-    p.add_argument("--nodeport-addresses", metavar="CIDR,...",
+    p.add_argument("--nodeport-addresses", metavar="CIDR,...|primary",
                    help="NodePorts answer only on local addresses in these CIDRs (default: every local address; "
-                        "a family with none of them, or with 0.0.0.0/0 or ::/0: every local address of it)")
+                        "a family with none of them, or with 0.0.0.0/0 or ::/0: every local address of it); "
+                        "'primary': this node's IP of each family (its Node's first InternalIP, else ExternalIP)")
     p.add_argument("--masquerade-all", action="store_true", default=None,
                    help="masquerade all traffic to ClusterIPs")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug details")
@@ -92,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, source=False)
     p.add_argument("--source", required=True, metavar="DIR|kubernetes",
                    help="a manifest directory (watched) or 'kubernetes' (list+watch the API)")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: in-cluster)")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: the file's "
+                                                           "clientConnection.kubeconfig, else in-cluster)")
     p.add_argument("--sync-period", metavar="DURATION", help="full resync (kernel re-read) period (default 30s)")
     p.add_argument("--min-sync-period", metavar="DURATION", help="pace of syncs after a burst of two (default 1s)")
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
@@ -138,16 +144,21 @@ def _conntrack_flags(p: argparse.ArgumentParser) -> None:
 def options_from(args: argparse.Namespace) -> Options:
     opts = Options()
     if args.config:
-        opts = merge(opts, load_kube_proxy_config(args.config))
+        opts = merge(opts, load_kube_proxy_config(args.config, args.mode))
     flags: dict[str, Any] = {
         "mode": args.mode,
         "node_name": args.node_name.lower() if args.node_name else None,
-        "cluster_cidrs": parse_cidrs(args.cluster_cidr, "--cluster-cidr") if args.cluster_cidr else None,
-        "service_cidrs": parse_cidrs(args.service_cidr, "--service-cidr") if args.service_cidr else None,
-        "nodeport_cidrs": parse_cidrs(args.nodeport_addresses, "--nodeport-addresses")
-        if args.nodeport_addresses else None,
         "masquerade_all": args.masquerade_all,
+        "kubeconfig": getattr(args, "kubeconfig", None),
     }
+    for flag, attr, parse in (("--cluster-cidr", "cluster_cidrs", parse_cidrs),
+                              ("--service-cidr", "service_cidrs", parse_cidrs),
+                              ("--nodeport-addresses", "nodeport_cidrs", parse_nodeport_addresses)):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        try:
+            flags[attr] = parse(value, flag) if value else None
+        except ValueError as exc:
+            raise ValueError(f"{flag}: {exc}") from None
     for name, attr in (("sync_period", "sync_period"), ("min_sync_period", "min_sync_period")):
         value = getattr(args, name, None)
         if value:
@@ -163,7 +174,11 @@ def options_from(args: argparse.Namespace) -> Options:
                 flags[name] = conntrack_seconds(value, flag)
             except ValueError as exc:
                 raise ValueError(f"{flag}: {exc}") from None
-    return merge(opts, flags)
+    opts = merge(opts, flags)
+    if opts.min_sync_period > opts.sync_period:  # (a file alone is checked as it is read, with its line)
+        raise ValueError(f"--min-sync-period ({opts.min_sync_period:g}s) must not exceed --sync-period "
+                         f"({opts.sync_period:g}s)")
+    return opts
 
 
 def _dump(data: Any, fmt: str) -> None:

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import re
 import socket
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
-from .desired import BuildOptions
-from .sources.objects import InputError, Location
+from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, ip_family, normalize_ip
+from .sources.objects import InputError, Location, format_path
 
 log = logging.getLogger(__name__)
 
 MODES = ("nftables", "iptables")
+API_VERSION, KIND = "kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration"
+SYNC_PERIOD, MIN_SYNC_PERIOD = 30.0, 1.0  # kube-proxy's defaults
+HEALTHZ_PORT, METRICS_PORT = 10256, 10249
+PRIMARY_WITH_CIDRS = "can't use both 'primary' and CIDRs"
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -47,18 +50,49 @@ def conntrack_seconds(text: str, where: str) -> float:
     return seconds
 
 
-def parse_cidrs(text: str | list[str], what: str) -> tuple[str, ...]:
-    items = text if isinstance(text, list) else [p for p in text.split(",")]
-    out = []
-    for item in items:
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            out.append(str(ipaddress.ip_network(item, strict=False)))
-        except ValueError:
-            raise ValueError(f"{what}: invalid CIDR {item!r}") from None
-    return tuple(out)
+def read_cidr(text: Any, what: str) -> str:
+    """A CIDR as kube-proxy reads it (netutils.ParseCIDRSloppy, as the manifest reader does); a
+    loose spelling is warned about under `what`. ValueError if it is none."""
+    read = _read_cidr(text.strip()) if isinstance(text, str) else None
+    if read is None:
+        raise ValueError(f"invalid CIDR {text!r}")
+    if read[1]:
+        log.warning("%s: %r is read as %s (%s)", what, text, read[0], read[1])
+    return read[0]
+
+
+def parse_cidrs(text: str, what: str) -> tuple[str, ...]:
+    """Comma-separated CIDRs (blank entries skipped)."""
+    return tuple(read_cidr(p, what) for p in text.split(",") if p.strip())
+
+
+def parse_nodeport_addresses(text: str, what: str) -> tuple[str, ...]:
+    """CIDRs, or 'primary' alone: this node's IPs (resolved when the document is built)."""
+    items = [p.strip() for p in text.split(",") if p.strip()]
+    if NODEPORT_PRIMARY in items:
+        if len(items) > 1:
+            raise ValueError(PRIMARY_WITH_CIDRS)
+        return (NODEPORT_PRIMARY,)
+    return tuple(read_cidr(p, what) for p in items)
+
+
+def bind_address(value: Any, default_port: int) -> str:
+    """healthzBindAddress / metricsBindAddress as kube-proxy reads them: a bare IP gets the default
+    port (AppendPortIfNeeded), then IP:port with a port 1-65535 (validateHostPort)."""
+    text = value.strip() if isinstance(value, str) else ""
+    host, port = normalize_ip(text), str(default_port)
+    if host is None:  # IP:port or [IPv6]:port, as net.SplitHostPort
+        host_text, _, port = text.rpartition(":")
+        if host_text.startswith("[") and host_text.endswith("]"):
+            host_text = host_text[1:-1]
+        elif ":" in host_text:
+            host_text = ""  # (an IPv6 address needs brackets)
+        host = normalize_ip(host_text)
+        if host is None:
+            raise ValueError(f"expected IP:port or an IP (port {default_port}), got {value!r}")
+        if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"port must be 1-65535, got {value!r}")
+    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
 
 
 @dataclass
@@ -67,13 +101,14 @@ class Options:
     node_name: str = field(default_factory=lambda: socket.gethostname().lower())
     cluster_cidrs: tuple[str, ...] = ()
     service_cidrs: tuple[str, ...] = ()
-    nodeport_cidrs: tuple[str, ...] | None = None
+    nodeport_cidrs: tuple[str, ...] | None = None  # None: every local address; (NODEPORT_PRIMARY,): node IPs
     masquerade_all: bool = False
-    sync_period: float = 30.0
-    min_sync_period: float = 1.0
-    healthz_bind_address: str = "0.0.0.0:10256"
-    metrics_bind_address: str = "127.0.0.1:10249"
+    sync_period: float = SYNC_PERIOD
+    min_sync_period: float = MIN_SYNC_PERIOD
+    healthz_bind_address: str = f"0.0.0.0:{HEALTHZ_PORT}"
+    metrics_bind_address: str = f"127.0.0.1:{METRICS_PORT}"
     bind_address_hard_fail: bool = False  # exit if healthz/metrics cannot listen (else: retried)
+    kubeconfig: str | None = None  # for the API source (None: in-cluster)
     # the conntrack sysctls `run` sets at start (kube-proxy's `conntrack:`; 0 leaves a value alone)
     conntrack_max_per_core: int = 32768
     conntrack_min: int = 131072
@@ -89,8 +124,10 @@ class Options:
                             self.masquerade_all)
 
 
-def load_kube_proxy_config(path: str) -> dict[str, Any]:
-    """The fields of a KubeProxyConfiguration that apply here, as Options keyword arguments."""
+def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]:
+    """The fields of a KubeProxyConfiguration that apply here, as Options keyword arguments,
+    defaulted and validated as kube-proxy does (errors name file:line). `mode` (--mode) wins over
+    the file's in choosing the section read, `nftables:` or `iptables:`."""
     try:
         with open(path, encoding="utf-8") as fh:
             doc = YAML(typ="rt").load(fh)
@@ -101,61 +138,148 @@ def load_kube_proxy_config(path: str) -> dict[str, Any]:
         raise InputError(Location(path, mark.line + 1, mark.column + 1) if mark else Location(path),
                          f"invalid YAML: {exc.problem}") from exc
 
-    def where(*keys: str) -> Location:
+    def where(*keys: str | int) -> Location:
         node, line, col = doc, 0, 0
         for k in keys:
-            if hasattr(node, "lc") and isinstance(node, dict) and k in node:
+            if isinstance(node, dict) and k in node:
                 line, col = node.lc.key(k)
-                node = node[k]
+            elif isinstance(node, list) and isinstance(k, int) and k < len(node):
+                line, col = node.lc.item(k)
+            else:
+                break
+            node = node[k]
         return Location(path, line + 1, col + 1)
 
     if not isinstance(doc, dict):
-        raise InputError(Location(path, 1, 1), "expected a KubeProxyConfiguration mapping")
-    if doc.get("kind") != "KubeProxyConfiguration" or not str(doc.get("apiVersion", "")).startswith(
-            "kubeproxy.config.k8s.io/"):
-        raise InputError(where("kind"), "expected apiVersion kubeproxy.config.k8s.io/v1alpha1, "
-                                        "kind KubeProxyConfiguration", ("kind",))
+        raise InputError(Location(path, 1, 1), f"expected a {KIND} mapping")
+    for key, want in (("apiVersion", API_VERSION), ("kind", KIND)):
+        if doc.get(key) != want:
+            raise InputError(where(key), f"expected {want}, got {doc.get(key)!r}", (key,))
     out: dict[str, Any] = {}
-    mode = doc.get("mode") or ""
-    if mode:
-        if mode not in MODES:
-            raise InputError(where("mode"), f"mode {mode!r} is not supported (use {' or '.join(MODES)})", ("mode",))
-        out["mode"] = mode
+    file_mode = doc.get("mode")
+    if file_mode not in (None, "", *MODES):
+        raise InputError(where("mode"), f"mode {file_mode!r} is not supported (use {' or '.join(MODES)})", ("mode",))
+    if file_mode:
+        out["mode"] = file_mode
+    elif not mode:
+        log.warning("%s: mode is not set: kube-proxy runs iptables then, service-reconciler nftables (and reads "
+                    "nftables:); set mode: iptables to keep iptables", where("mode"))
+    section = mode or file_mode or "nftables"
+    if doc.get("clusterCIDR"):
+        out["cluster_cidrs"] = _checked(where, ("clusterCIDR",), parse_cidrs, str(doc["clusterCIDR"]))
+    nodeport_cidrs = _nodeport_addresses(doc, where)
+    if nodeport_cidrs is not None:
+        out["nodeport_cidrs"] = nodeport_cidrs
+    name = doc.get("hostnameOverride")
+    if isinstance(name, str) and name.strip():  # kube-proxy's node name, as --node-name
+        out["node_name"] = name.strip().lower()
+    connection = doc.get("clientConnection")
+    kubeconfig = connection.get("kubeconfig") if isinstance(connection, dict) else None
+    if kubeconfig:
+        out["kubeconfig"] = str(kubeconfig)
+    hard_fail = _bool(doc, where, "bindAddressHardFail")
+    if hard_fail is not None:
+        out["bind_address_hard_fail"] = hard_fail
+    out.update(_mode_section(doc, where, section))
+    out.update(_bind_addresses(doc, where))
+    out.update(_conntrack(doc, where))
+    _warn_unsupported(doc, where, section)
+    return out
+
+
+Where = Callable[..., Location]
+
+
+def _checked(where: Where, keys: tuple[str | int, ...], parse: Callable[[Any, str], Any], value: Any) -> Any:
+    """parse(value, what), its ValueError an InputError at `keys`."""
+    loc = where(*keys)
     try:
-        if doc.get("clusterCIDR"):
-            out["cluster_cidrs"] = parse_cidrs(str(doc["clusterCIDR"]), "clusterCIDR")
+        return parse(value, f"{loc}: {format_path(keys)}")
     except ValueError as exc:
-        raise InputError(where("clusterCIDR"), str(exc), ("clusterCIDR",)) from None
-    try:
-        npa = doc.get("nodePortAddresses")
-        if npa:
-            cidrs = [c for c in npa if c != "primary"]
-            if len(cidrs) < len(npa):
-                log.warning("%s: nodePortAddresses 'primary' is read as every local address", where("nodePortAddresses"))
-            out["nodeport_cidrs"] = parse_cidrs(cidrs, "nodePortAddresses") if cidrs else None
-    except ValueError as exc:
-        raise InputError(where("nodePortAddresses"), str(exc), ("nodePortAddresses",)) from None
-    if doc.get("hostnameOverride"):
-        out["node_name"] = str(doc["hostnameOverride"]).strip().lower()
-    mode_section = doc.get(out.get("mode", "nftables")) or {}
-    for key, attr in (("masqueradeAll", "masquerade_all"),):
-        value = doc.get(key, mode_section.get(key) if isinstance(mode_section, dict) else None)
-        if value is not None:
-            out[attr] = bool(value)
-    if doc.get("bindAddressHardFail") is not None:
-        out["bind_address_hard_fail"] = bool(doc["bindAddressHardFail"])
-    for key, attr in (("syncPeriod", "sync_period"), ("minSyncPeriod", "min_sync_period")):
-        value = doc.get(key) or (mode_section.get(key) if isinstance(mode_section, dict) else None)
-        if value:
+        raise InputError(loc, str(exc), keys) from None
+
+
+def _bool(doc: dict[str, Any], where: Where, *keys: str) -> bool | None:
+    """A true/false at `keys` (None if unset); anything else (the string 'false') is an error."""
+    value: Any = doc
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    if value is not None and not isinstance(value, bool):
+        raise InputError(where(*keys), f"expected true or false, got {value!r}", keys)
+    return value
+
+
+def _nodeport_addresses(doc: dict[str, Any], where: Where) -> tuple[str, ...] | None:
+    """nodePortAddresses: CIDRs, or [primary] (this node's IPs); null or []: every local address."""
+    items = doc.get("nodePortAddresses")
+    if not items:
+        return None
+    if not isinstance(items, list):
+        raise InputError(where("nodePortAddresses"), "expected a list of CIDRs, or [primary]", ("nodePortAddresses",))
+    if items == [NODEPORT_PRIMARY]:
+        return (NODEPORT_PRIMARY,)
+    if NODEPORT_PRIMARY in items:
+        keys = ("nodePortAddresses", items.index(NODEPORT_PRIMARY))
+        raise InputError(where(*keys), PRIMARY_WITH_CIDRS, keys)
+    return tuple(_checked(where, ("nodePortAddresses", i), read_cidr, c) for i, c in enumerate(items))
+
+
+def _mode_section(doc: dict[str, Any], where: Where, section: str) -> dict[str, Any]:
+    """masqueradeAll, syncPeriod and minSyncPeriod of the mode run (kube-proxy's conversion.go:
+    nftables: in nftables mode, else iptables:). A zero period is unset, as kube-proxy defaults it;
+    the periods are validated as kube-proxy does."""
+    body = doc.get(section)
+    if body is None:
+        return {}
+    if not isinstance(body, dict):
+        raise InputError(where(section), "expected a mapping", (section,))
+    out: dict[str, Any] = {}
+    masquerade_all = _bool(doc, where, section, "masqueradeAll")
+    if masquerade_all is not None:
+        out["masquerade_all"] = masquerade_all
+    for key, attr, rule in (("syncPeriod", "sync_period", "must be greater than 0"),
+                            ("minSyncPeriod", "min_sync_period", "must not be negative")):
+        if body.get(key) is None:
+            continue
+        keys, text = (section, key), str(body[key]).strip()
+        try:
+            seconds = parse_duration(text.removeprefix("-"))
+        except ValueError:
+            raise InputError(where(*keys), f"invalid duration {text!r} (examples: 30s, 200ms, 1m)", keys) from None
+        if seconds and text.startswith("-"):
+            raise InputError(where(*keys), f"{rule}, got {text}", keys)
+        if seconds:  # (0: unset)
+            out[attr] = seconds
+    sync, least = out.get("sync_period", SYNC_PERIOD), out.get("min_sync_period", MIN_SYNC_PERIOD)
+    if least > sync:
+        keys = (section, "minSyncPeriod" if "min_sync_period" in out else "syncPeriod")
+        raise InputError(where(*keys), f"minSyncPeriod ({least:g}s) must not exceed syncPeriod ({sync:g}s)", keys)
+    return out
+
+
+def _bind_addresses(doc: dict[str, Any], where: Where) -> dict[str, Any]:
+    """healthzBindAddress and metricsBindAddress as kube-proxy defaults them; bindAddress only
+    picks the family of their defaults here (an IPv6 one: [::]:10256, [::1]:10249)."""
+    bind = doc.get("bindAddress")
+    ip = "0.0.0.0" if bind in (None, "") else normalize_ip(bind)
+    if ip is None:
+        raise InputError(where("bindAddress"), f"invalid IP address {bind!r}", ("bindAddress",))
+    if ip not in ("0.0.0.0", "::"):
+        log.warning("%s: bindAddress %s is not used: kube-proxy takes it as this node's IP of its family "
+                    "(for nodePortAddresses [primary] and the loadBalancerSourceRanges exception); here the "
+                    "Node's addresses are", where("bindAddress"), bind)
+    out: dict[str, Any] = {}
+    defaults = ("[::]", "[::1]") if ":" in ip else ("0.0.0.0", "127.0.0.1")
+    for key, attr, host, port in (("healthzBindAddress", "healthz_bind_address", defaults[0], HEALTHZ_PORT),
+                                  ("metricsBindAddress", "metrics_bind_address", defaults[1], METRICS_PORT)):
+        value = doc.get(key)
+        if value not in (None, ""):
             try:
-                out[attr] = parse_duration(str(value))
+                out[attr] = bind_address(value, port)
             except ValueError as exc:
                 raise InputError(where(key), str(exc), (key,)) from None
-    for key, attr in (("healthzBindAddress", "healthz_bind_address"), ("metricsBindAddress", "metrics_bind_address")):
-        if doc.get(key):
-            out[attr] = str(doc[key])
-    out.update(_conntrack(doc, where))
-    _warn_unsupported(doc, where)
+        elif ":" in ip:
+            out[attr] = f"{host}:{port}"
     return out
 
 
@@ -203,9 +327,31 @@ def _conntrack(doc: dict[str, Any], where: Any) -> dict[str, Any]:
     return out
 
 
-def _warn_unsupported(doc: dict[str, Any], where: Any) -> None:
+IGNORED = {
+    "oomScoreAdj": "the process's OOM score is left as it is",
+    "configSyncPeriod": "the API caches are not resynced periodically",
+    "featureGates": "there are no feature gates",
+    "logging": "use -v and --log-format",
+}
+
+
+def _set(value: Any) -> bool:
+    """Whether a value is other than zero (kubeadm writes zeros for what it leaves at the default)."""
+    if isinstance(value, (dict, list)):
+        return any(_set(v) for v in (value.values() if isinstance(value, dict) else value))
+    return value not in (None, False, 0, "", "0", "0s")
+
+
+def _warn_unsupported(doc: dict[str, Any], where: Where, section: str) -> None:
     """Warn about settings that would change what kube-proxy programs and that are not honoured
     here (silently ignoring them would program something else than the file asks for)."""
+    for key in ("masqueradeAll", "syncPeriod", "minSyncPeriod"):
+        if key in doc:
+            log.warning("%s: %s is not a KubeProxyConfiguration field at the top level: kube-proxy ignores it, "
+                        "and so does service-reconciler (set it under %s:)", where(key), key, section)
+    for key, why in IGNORED.items():
+        if _set(doc.get(key)):
+            log.warning("%s: %s is not used: %s", where(key), key, why)
     detect = doc.get("detectLocalMode")
     if detect and detect != "ClusterCIDR":
         log.warning("%s: detectLocalMode %s is not supported: pod traffic is told by clusterCIDR "

@@ -621,6 +621,18 @@ class Daemon:
 # Entry point
 
 
+def nodeport_hosts(desired: DesiredState | None) -> list[str]:
+    """The local addresses NodePorts answer on, per the document's nodePort CIDRs ('primary'
+    resolved there; a family without: all of its addresses): where healthCheckNodePorts listen."""
+    everything = {"ipv4": "0.0.0.0/0", "ipv6": "::/0"}
+    if desired is None:
+        return local_addresses(list(everything.values()))
+    cidrs: list[str] = []
+    for family, f in desired.families.items():
+        cidrs += [everything[family]] if f.nodePortCIDRs is None else f.nodePortCIDRs
+    return local_addresses(cidrs)
+
+
 def run(args: argparse.Namespace, opts: Options) -> int:
     """`reconciler run`: returns the exit code (0 after SIGTERM/SIGINT). (It never describes a
     plan in service terms, see Planned.count_services: deepdiff is not loaded, ~10 MiB.)"""
@@ -630,11 +642,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     backend = get_backend(opts.mode)
     metrics = Metrics(opts.mode)
     daemon = Daemon(opts, backend, None, metrics=metrics)
-    if opts.nodeport_cidrs is None:
-        hosts: Any = default_hosts()
-    else:
-        cidrs = opts.nodeport_cidrs
-        hosts = lambda: local_addresses(cidrs)  # noqa: E731
+    hosts: Any = default_hosts() if opts.nodeport_cidrs is None else (lambda: nodeport_hosts(daemon.desired))
     daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts)
 
     # an address in use is retried in the background while we proxy, unless bindAddressHardFail
@@ -653,7 +661,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
         if hard_fail and not all(started):
             return 1
         if args.source == "kubernetes":
-            source = KubeSource(getattr(args, "kubeconfig", None), opts.node_name, daemon.notify)
+            source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
         else:
             source = DirectorySource(args.source, daemon.notify)
         daemon.source = source

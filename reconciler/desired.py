@@ -41,6 +41,7 @@ _ADDRESS_TYPES = {"IPv4": "ipv4", "IPv6": "ipv6"}
 _NO_HINTS: frozenset[str] = frozenset()  # shared: every frozenset() call is a new 216-byte object
 _NO_CONDITIONS: dict[str, Any] = {}
 _SERIALS = itertools.count(1)  # DesiredState.serial: which document a PortDelta is relative to
+NODEPORT_PRIMARY = "primary"  # nodePortAddresses: [primary]: this node's IPs, from its Node
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class BuildOptions:
     node_name: str
     cluster_cidrs: tuple[str, ...] = ()
     service_cidrs: tuple[str, ...] = ()
-    nodeport_cidrs: tuple[str, ...] | None = None  # None: every local address
+    nodeport_cidrs: tuple[str, ...] | None = None  # None: every local address; (NODEPORT_PRIMARY,): node IPs
     masquerade_all: bool = False
     node_labels: dict[str, str] = field(default_factory=dict)  # used when no Node object is given
 
@@ -401,6 +402,18 @@ def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family)
         return None
     loopback = LOOPBACK[nets[0].version]
     return tuple(str(n) for n in nets if not n.subnet_of(loopback))  # type: ignore[arg-type]
+
+
+def _primary_cidrs(node: NodeInfo, warnings: list[str]) -> tuple[str, ...]:
+    """nodePortAddresses [primary] as kube-proxy resolves it (server.go): this node's IP of each
+    family as a /32 or /128, loopback left out. A family without one names no CIDR, so every local
+    address of it serves; without any, all do (as kube-proxy's, which then assumes loopback)."""
+    cidrs = tuple(f"{a}/{32 if ip_family(a) == 'ipv4' else 128}" for a in node.addresses
+                  if not ipaddress.ip_address(a).is_loopback)
+    if not cidrs:
+        warnings.append(f"nodePortAddresses primary: no IP of Node {node.name!r} is known (no Node object with an "
+                        "InternalIP or ExternalIP): NodePorts answer on every local address")
+    return cidrs
 
 
 def _ip_key(s: str) -> tuple[int, bytes, int]:
@@ -833,7 +846,10 @@ class BuildCache:
                     self.health[key] = result[1]
         cluster = _split_cidrs(opts.cluster_cidrs)
         service_cidrs = _split_cidrs(opts.service_cidrs)
-        nodeport = _split_cidrs(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None
+        nodeport_cidrs = opts.nodeport_cidrs
+        if nodeport_cidrs == (NODEPORT_PRIMARY,):
+            nodeport_cidrs = _primary_cidrs(node, warnings)
+        nodeport = _split_cidrs(nodeport_cidrs) if nodeport_cidrs is not None else None
         families: dict[Family, FamilyOptions] = {
             f: FamilyOptions(cluster[f], service_cidrs[f], _nodeport_cidrs(nodeport, f)) for f in ("ipv4", "ipv6")
         }

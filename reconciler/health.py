@@ -436,7 +436,7 @@ def default_hosts() -> list[str]:
     return ["0.0.0.0"]
 
 
-def local_addresses(cidrs: Iterable[str]) -> list[str]:
+def local_addresses(cidrs: Sequence[str]) -> list[str]:
     """This host's addresses inside `cidrs` (for --nodeport-addresses), via `ip -j addr`."""
     nets = [ipaddress.ip_network(c, strict=False) for c in cidrs]
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lab import ADDR
-from manifests import common_flags, eps, reconciler, svc, write_state
+from manifests import common_flags, eps, node_object, reconciler, svc, write_state
 from traffic import outcomes, servers
 
 pytestmark = pytest.mark.e2e
@@ -41,6 +41,23 @@ def test_nodeport_addresses_limit_where_nodeports_answer(lab, tmp_path, mode):
         assert not any(r.ok for r in lan)
     finally:
         lab.del_node_address("172.30.9.9", "lo")
+
+
+def test_nodeport_addresses_primary_is_the_nodes_ip(lab, tmp_path, mode):
+    """primary: NodePorts answer on the Node's InternalIP only (kube-proxy's server.go), not on the
+    node's other local addresses."""
+    src = str(tmp_path / "s")
+    write_state(src, [*docs(), node_object(addresses=[ADDR["node"][4]])])
+    flags = common_flags(src, mode, extra=["--nodeport-addresses", "primary"])
+    reconciler(lab, "apply", *flags)
+    assert reconciler(lab, "plan", *flags, check=False).returncode == 0  # read back as written
+    assert outcomes(lab.tcp("ext1", ADDR["node"][4], 31080, count=5)) == {"ok": 5}
+    lab.add_node_address("172.30.9.9", "lo")
+    try:
+        other = lab.tcp("node", "172.30.9.9", 31080, count=3)
+    finally:
+        lab.del_node_address("172.30.9.9", "lo")
+    assert not any(r.ok for r in other)
 
 
 def test_nodeport_addresses_as_the_kernel_holds_them_and_never_loopback(lab, tmp_path, mode):

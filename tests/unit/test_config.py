@@ -6,6 +6,7 @@ import pytest
 
 from reconciler.cli import build_parser, options_from
 from reconciler.config import load_kube_proxy_config, parse_duration
+from reconciler.health import parse_bind_address
 from reconciler.sources.objects import InputError
 
 
@@ -27,11 +28,11 @@ mode: iptables
 clusterCIDR: 10.244.0.0/16,fd00:244::/48
 hostnameOverride: Node-A
 nodePortAddresses: [172.30.0.0/24]
-syncPeriod: 45s
-minSyncPeriod: 2s
 healthzBindAddress: 0.0.0.0:10266
 iptables:
   masqueradeAll: true
+  syncPeriod: 45s
+  minSyncPeriod: 2s
 """
 
 
@@ -55,7 +56,9 @@ def test_flags_win_over_the_file(tmp_path):
                                       "--node-name", "other", "--cluster-cidr", "10.0.0.0/8"])
     opts = options_from(args)
     assert (opts.mode, opts.node_name, opts.cluster_cidrs) == ("nftables", "other", ("10.0.0.0/8",))
-    assert opts.masquerade_all is True and opts.nodeport_cidrs == ("172.30.0.0/24",)
+    assert opts.nodeport_cidrs == ("172.30.0.0/24",)
+    # --mode picks the section read, as the file's mode would: nftables: (absent here), not iptables:
+    assert (opts.masquerade_all, opts.sync_period, opts.min_sync_period) == (False, 30, 1)
 
 
 def test_bad_config_names_file_and_line(tmp_path):
@@ -85,6 +88,197 @@ def test_settings_not_honoured_are_warned_about(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         load_kube_proxy_config(str(path))
     assert "not supported" not in caplog.text
+
+
+HEAD = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+
+
+def run_options(tmp_path, text, *flags):
+    path = tmp_path / "kp.yaml"
+    path.write_text(text)
+    return options_from(build_parser().parse_args(["run", "--source", "x", "--config", str(path), *flags]))
+
+
+def test_zero_sync_periods_are_kube_proxys_defaults(tmp_path):
+    """kubeadm writes 0s: kube-proxy's defaulting reads 0 as unset (30s, 1s)."""
+    zeros = "  syncPeriod: 0s\n  minSyncPeriod: 0s\n"
+    for mode in ("iptables", "nftables"):
+        opts = run_options(tmp_path, f"{HEAD}mode: {mode}\niptables:\n{zeros}nftables:\n{zeros}")
+        assert (opts.sync_period, opts.min_sync_period) == (30, 1), mode
+
+
+@pytest.mark.parametrize("lines,message", [
+    ("  syncPeriod: -30s\n", "4:3: nftables.syncPeriod: must be greater than 0, got -30s"),
+    ("  minSyncPeriod: -1s\n", "4:3: nftables.minSyncPeriod: must not be negative, got -1s"),
+    ("  minSyncPeriod: 45s\n", "4:3: nftables.minSyncPeriod: minSyncPeriod (45s) must not exceed syncPeriod (30s)"),
+    ("  syncPeriod: 500ms\n", "4:3: nftables.syncPeriod: minSyncPeriod (1s) must not exceed syncPeriod (0.5s)"),
+    ("  syncPeriod: 30\n", "4:3: nftables.syncPeriod: invalid duration '30'"),
+])
+def test_sync_periods_are_validated_as_kube_proxy_does(tmp_path, lines, message):
+    path = tmp_path / "kp.yaml"
+    path.write_text(f"{HEAD}nftables:\n{lines}")
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path), "nftables")
+    assert str(exc.value).startswith(f"{path}:{message}")
+
+
+def test_sync_period_flags_are_validated_together():
+    with pytest.raises(ValueError, match=r"--min-sync-period \(45s\) must not exceed --sync-period \(30s\)"):
+        options_from(build_parser().parse_args(["run", "--source", "x", "--min-sync-period", "45s"]))
+
+
+SECTIONS = HEAD + """iptables:
+  masqueradeAll: true
+  syncPeriod: 45s
+nftables:
+  minSyncPeriod: 2s
+"""
+
+
+def test_the_section_read_is_that_of_the_mode_run(tmp_path, caplog):
+    """As kube-proxy's conversion.go: nftables: in nftables mode, else iptables:; --mode counts."""
+    def read(text, *flags):
+        opts = run_options(tmp_path, text, *flags)
+        return opts.mode, opts.masquerade_all, opts.sync_period, opts.min_sync_period
+
+    assert read("mode: iptables\n" + SECTIONS) == ("iptables", True, 45, 1)
+    assert read("mode: nftables\n" + SECTIONS) == ("nftables", False, 30, 2)
+    assert read("mode: nftables\n" + SECTIONS, "--mode", "iptables") == ("iptables", True, 45, 1)
+    assert read("mode: iptables\n" + SECTIONS, "--mode", "nftables") == ("nftables", False, 30, 2)
+    with caplog.at_level("WARNING"):  # kube-proxy's default mode is iptables, ours nftables: said so
+        assert read('mode: ""\n' + SECTIONS) == ("nftables", False, 30, 2)
+    assert "kp.yaml:1:1: mode is not set: kube-proxy runs iptables then, service-reconciler nftables" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert read(SECTIONS, "--mode", "iptables") == ("iptables", True, 45, 1)
+    assert "mode is not set" not in caplog.text
+
+
+def test_top_level_periods_and_masquerade_all_are_ignored_as_kube_proxy_does(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        opts = run_options(tmp_path, HEAD + "mode: nftables\nmasqueradeAll: true\nsyncPeriod: 45s\n")
+    assert (opts.masquerade_all, opts.sync_period) == (False, 30)
+    assert ("kp.yaml:4:1: masqueradeAll is not a KubeProxyConfiguration field at the top level: kube-proxy ignores "
+            "it, and so does service-reconciler (set it under nftables:)") in caplog.text
+    assert "kp.yaml:5:1: syncPeriod is not a KubeProxyConfiguration field at the top level" in caplog.text
+
+
+@pytest.mark.parametrize("lines,healthz,metrics", [
+    ("healthzBindAddress: 0.0.0.0\nmetricsBindAddress: '::1'\n", "0.0.0.0:10256", "[::1]:10249"),
+    ("healthzBindAddress: 10.0.0.5:8080\nmetricsBindAddress: '[::]:9090'\n", "10.0.0.5:8080", "[::]:9090"),
+    ("healthzBindAddress: 010.0.0.5\nmetricsBindAddress: ''\n", "10.0.0.5:10256", "127.0.0.1:10249"),
+    ("bindAddress: '::'\n", "[::]:10256", "[::1]:10249"),  # kube-proxy's defaults of the bindAddress family
+])
+def test_bind_addresses_are_defaulted_as_kube_proxy_does(tmp_path, lines, healthz, metrics):
+    opts = run_options(tmp_path, HEAD + "mode: nftables\n" + lines)
+    assert (opts.healthz_bind_address, opts.metrics_bind_address) == (healthz, metrics)
+    assert parse_bind_address(opts.healthz_bind_address, "x") and parse_bind_address(opts.metrics_bind_address, "x")
+
+
+@pytest.mark.parametrize("line,message", [
+    ("healthzBindAddress: 0.0.0.0:0", "healthzBindAddress: port must be 1-65535, got '0.0.0.0:0'"),
+    ("metricsBindAddress: localhost:10249", "metricsBindAddress: expected IP:port or an IP (port 10249), got"),
+    ("metricsBindAddress: '[::1]'", "metricsBindAddress: expected IP:port or an IP (port 10249), got '[::1]'"),
+    ("healthzBindAddress: ':10256'", "healthzBindAddress: expected IP:port or an IP (port 10256), got ':10256'"),
+    ("bindAddress: all", "bindAddress: invalid IP address 'all'"),
+])
+def test_bad_bind_addresses_name_file_and_line(tmp_path, line, message):
+    path = tmp_path / "kp.yaml"
+    path.write_text(HEAD + line + "\n")
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert str(exc.value).startswith(f"{path}:3:1: {message}")
+
+
+def test_nodeport_addresses_primary(tmp_path):
+    """[primary] is kept as such: it becomes this node's IPs when the document is built."""
+    assert run_options(tmp_path, HEAD + "nodePortAddresses: [primary]\n").nodeport_cidrs == ("primary",)
+    opts = run_options(tmp_path, HEAD + "nodePortAddresses: [primary]\n", "--nodeport-addresses", "10.0.0.0/8")
+    assert opts.nodeport_cidrs == ("10.0.0.0/8",)
+    opts = run_options(tmp_path, HEAD + "nodePortAddresses: [10.0.0.0/8]\n", "--nodeport-addresses", "primary")
+    assert opts.nodeport_cidrs == ("primary",)
+    assert run_options(tmp_path, HEAD + "nodePortAddresses: []\n").nodeport_cidrs is None
+
+
+def test_nodeport_addresses_primary_with_cidrs_is_refused(tmp_path):
+    path = tmp_path / "kp.yaml"
+    path.write_text(HEAD + "nodePortAddresses:\n- 10.0.0.0/8\n- primary\n")
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert str(exc.value) == f"{path}:5:3: nodePortAddresses[1]: can't use both 'primary' and CIDRs"
+    with pytest.raises(ValueError, match=r"^--nodeport-addresses: can't use both 'primary' and CIDRs$"):
+        options_from(build_parser().parse_args(["plan", "--source", "x", "--nodeport-addresses", "primary,::/0"]))
+
+
+def test_kubeconfig_from_client_connection(tmp_path):
+    text = HEAD + "clientConnection:\n  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf\n  qps: 0\n"
+    assert run_options(tmp_path, text).kubeconfig == "/var/lib/kube-proxy/kubeconfig.conf"
+    assert run_options(tmp_path, text, "--kubeconfig", "/etc/k.conf").kubeconfig == "/etc/k.conf"  # the flag wins
+    assert run_options(tmp_path, HEAD).kubeconfig is None  # in-cluster
+
+
+KUBEADM_ZEROS = HEAD + """mode: nftables
+bindAddress: 0.0.0.0
+configSyncPeriod: 0s
+featureGates: {}
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: "0"
+  verbosity: 0
+oomScoreAdj: null
+"""
+
+
+def test_fields_not_used_are_warned_about_once_with_their_line(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        run_options(tmp_path, KUBEADM_ZEROS)  # what kubeadm writes for the defaults: nothing to say
+    assert caplog.text == ""
+    text = (KUBEADM_ZEROS.replace("0.0.0.0", "10.0.0.5").replace("0s", "15m").replace("{}", "{Foo: true}")
+            .replace("verbosity: 0", "verbosity: 4").replace("null", "-999"))
+    with caplog.at_level("WARNING"):
+        run_options(tmp_path, text)
+    for where, key in ((4, "bindAddress 10.0.0.5"), (5, "configSyncPeriod"), (6, "featureGates"), (7, "logging"),
+                       (13, "oomScoreAdj")):
+        assert caplog.text.count(f"kp.yaml:{where}:1: {key} is not used") == 1, key
+
+
+@pytest.mark.parametrize("text,message", [
+    (HEAD + "clusterCIDR: 10.0.0.0\n", "3:1: clusterCIDR: invalid CIDR '10.0.0.0'"),
+    (HEAD + "nodePortAddresses: [10.0.0.0/8, 10.0.0.0/33]\n", "3:33: nodePortAddresses[1]: invalid CIDR '10.0.0.0/33'"),
+    (HEAD + "nodePortAddresses: 10.0.0.0/8\n", "3:1: nodePortAddresses: expected a list of CIDRs, or [primary]"),
+    (HEAD + "bindAddressHardFail: 'true'\n", "3:1: bindAddressHardFail: expected true or false, got 'true'"),
+    ("kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1beta1\n",
+     "2:1: apiVersion: expected kubeproxy.config.k8s.io/v1alpha1, got 'kubeproxy.config.k8s.io/v1beta1'"),
+    ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n", "1:1: kind: expected KubeProxyConfiguration, got None"),
+])
+def test_what_kube_proxy_refuses_is_refused_with_file_and_line(tmp_path, text, message):
+    path = tmp_path / "kp.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert str(exc.value).startswith(f"{path}:{message}")
+
+
+def test_booleans_are_booleans(tmp_path):
+    path = tmp_path / "kp.yaml"
+    path.write_text(HEAD + "mode: iptables\niptables:\n  masqueradeAll: \"false\"\n")
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert str(exc.value) == f"{path}:5:3: iptables.masqueradeAll: expected true or false, got 'false'"
+
+
+def test_cidrs_are_read_as_kube_proxy_reads_them(tmp_path, caplog):
+    """netutils.ParseCIDRSloppy, as the manifests are read: leading zeros are decimal (warned)."""
+    with caplog.at_level("WARNING"):
+        opts = run_options(tmp_path, HEAD + "clusterCIDR: 010.244.0.0/16\nnodePortAddresses: ['::ffff:10.0.0.0/104']\n")
+    assert (opts.cluster_cidrs, opts.nodeport_cidrs) == (("10.244.0.0/16",), ("10.0.0.0/8",))
+    assert "kp.yaml:3:1: clusterCIDR: '010.244.0.0/16' is read as 10.244.0.0/16 (leading zeros" in caplog.text
+    assert "kp.yaml:4:21: nodePortAddresses[0]: '::ffff:10.0.0.0/104' is read as 10.0.0.0/8" in caplog.text
+    # several of one family: more than kube-proxy takes (one, or a dual-stack pair), kept on purpose
+    opts = run_options(tmp_path, HEAD + "clusterCIDR: 10.0.0.0/8,fd00::/48,10.1.0.0/16\n")
+    assert opts.cluster_cidrs == ("10.0.0.0/8", "fd00::/48", "10.1.0.0/16")
 
 
 # ---------------------------------------------------------------------- conntrack (`run` only)

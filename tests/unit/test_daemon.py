@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from prometheus_client import generate_latest
 
-from helpers import endpoint, endpoint_slice, node, service
+from helpers import build, endpoint, endpoint_slice, node, service
 from reconciler.backends.base import KernelError, Operation
 from reconciler.config import Options
 from reconciler.daemon import Daemon, setup_logging
@@ -1349,3 +1349,17 @@ def test_conntrack_cleanups_are_measured_per_family(conntrack_in_memory: Any) ->
     assert value(d, "kubeproxy_conntrack_reconciler_sync_duration_seconds_count", ipv4) == 1
     assert value(d, "kubeproxy_conntrack_reconciler_deleted_entries_total", ipv4) == 1
     assert len(conntrack_in_memory.entries) == 1
+
+
+def test_health_check_ports_listen_where_nodeports_answer_primary_resolved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With nodePortAddresses [primary] the healthCheckNodePort servers take the node's IP, as the
+    document resolved it (a family without a node IP: all of its addresses)."""
+    import reconciler.daemon as daemon_mod
+
+    asked: list[list[str]] = []
+    monkeypatch.setattr(daemon_mod, "local_addresses", lambda cidrs: asked.append(list(cidrs)) or [])
+    n = node()
+    n.body["status"] = {"addresses": [{"type": "InternalIP", "address": "10.0.0.7"}]}  # type: ignore[index]
+    desired = build([n, *web()], nodeport_cidrs=("primary",))
+    daemon_mod.nodeport_hosts(desired)
+    assert asked == [["10.0.0.7/32", "::/0"]]

@@ -390,8 +390,7 @@ def test_configmap_holds_kube_proxy_configuration():
     assert config["kind"] == "KubeProxyConfiguration"
     assert config["mode"] == "nftables"
     assert config["clusterCIDR"] == "10.244.0.0/16"
-    assert config["syncPeriod"] == "30s"
-    assert config["minSyncPeriod"] == "1s"
+    assert config["nftables"] == {"syncPeriod": "30s", "minSyncPeriod": "1s"}  # (top-level: not a field)
     assert config["healthzBindAddress"] == f"0.0.0.0:{HEALTHZ_PORT}"
     assert config["metricsBindAddress"] == "127.0.0.1:10249"
     assert config["conntrack"] == {  # kube-proxy's defaults, spelled out
@@ -399,12 +398,15 @@ def test_configmap_holds_kube_proxy_configuration():
         "tcpBeLiberal": False, "udpTimeout": "0s", "udpStreamTimeout": "0s"}
 
 
-def test_configmap_is_read_as_the_defaults(tmp_path):
+def test_configmap_is_read_as_the_defaults(tmp_path, caplog):
     from reconciler.config import Options, load_kube_proxy_config, merge
 
     path = tmp_path / "config.conf"
     path.write_text(_one("ConfigMap")["data"][Path(CONFIG_PATH).name])
-    opts = merge(Options(node_name="n"), load_kube_proxy_config(str(path)))
+    with caplog.at_level("WARNING"):
+        opts = merge(Options(node_name="n"), load_kube_proxy_config(str(path)))
+    assert caplog.text == ""  # nothing in it is ignored or read otherwise than kube-proxy reads it
+    assert (opts.sync_period, opts.min_sync_period) == (30, 1)
     assert {k: v for k, v in vars(opts).items() if k.startswith("conntrack_")} == {
         k: v for k, v in vars(Options(node_name="n")).items() if k.startswith("conntrack_")}
 

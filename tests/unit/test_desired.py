@@ -54,6 +54,29 @@ def test_nodeport_addresses_per_family_as_kube_proxy_reads_them():
     assert build(objs, nodeport_cidrs=("::/8",)).families["ipv6"].nodePortsHoldLoopback
 
 
+def test_nodeport_addresses_primary_are_the_nodes_ips():
+    """As kube-proxy's server.go: [primary] is this node's IP of each family (its Node's first
+    InternalIP, else ExternalIP) as a /32 or /128; a family without one (or a loopback one) serves
+    on every local address; with no Node IP at all, every address does, with a warning."""
+    n = node()
+    n.body["status"] = {"addresses": [{"type": "ExternalIP", "address": "203.0.113.7"},
+                                      {"type": "InternalIP", "address": "fd00:30::2"},
+                                      {"type": "InternalIP", "address": "172.30.0.2"}]}
+    objs = [service("web", "10.96.0.1", HTTP), n]
+    state = build(objs, nodeport_cidrs=("primary",))
+    assert {f: o.nodePortCIDRs for f, o in state.families.items()} == {"ipv4": ("172.30.0.2/32",),
+                                                                        "ipv6": ("fd00:30::2/128",)}
+    assert not state.warnings
+    n.body["status"] = {"addresses": [{"type": "ExternalIP", "address": "203.0.113.7"},
+                                      {"type": "InternalIP", "address": "::1"}]}
+    state = build(objs, nodeport_cidrs=("primary",))
+    assert {f: o.nodePortCIDRs for f, o in state.families.items()} == {"ipv4": ("203.0.113.7/32",), "ipv6": None}
+    state = build(objs[:1], nodeport_cidrs=("primary",))  # no Node object
+    assert {f: o.nodePortCIDRs for f, o in state.families.items()} == {"ipv4": None, "ipv6": None}
+    assert state.warnings == ("nodePortAddresses primary: no IP of Node 'node-a' is known (no Node object with an "
+                              "InternalIP or ExternalIP): NodePorts answer on every local address",)
+
+
 def test_no_endpoints_rejects_everywhere():
     state = build([service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort")])
     blk = only(state, "default/web:http/TCP").family("ipv4")

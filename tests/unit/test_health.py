@@ -15,8 +15,8 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 
 from reconciler.health import (
-    GO_ZERO_TIME, BindError, FakeClock, ProxyHealth, ServiceHealthServers, node_eligible, parse_bind_address,
-    rfc3339, start_metrics_server, start_proxy_health_server,
+    GO_ZERO_TIME, BindError, FakeClock, ProxyHealth, ServiceHealthServers, default_hosts,
+    node_eligible, parse_bind_address, rfc3339, start_metrics_server, start_proxy_health_server,
 )
 from reconciler.metrics import Metrics
 from reconciler.state import HealthCheck
@@ -143,6 +143,7 @@ def test_parse_bind_address() -> None:
     for bad in ("10256", "localhost:10256", "1.2.3.4:port", "1.2.3.4:70000"):
         with pytest.raises(ValueError):
             parse_bind_address(bad, "--healthz-bind-address")
+
 
 
 # ----------------------------------------------------------------------------------------- http
