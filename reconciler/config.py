@@ -130,7 +130,9 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     the file's in choosing the section read, `nftables:` or `iptables:`."""
     try:
         with open(path, encoding="utf-8") as fh:
-            doc = YAML(typ="rt").load(fh)
+            yaml = YAML(typ="rt")
+            yaml.preserve_quotes = True  # (a quoted 'yes' stays a string: see _bool)
+            doc = yaml.load(fh)
     except OSError as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
     except MarkedYAMLError as exc:
@@ -199,11 +201,18 @@ def _checked(where: Where, keys: tuple[str | int, ...], parse: Callable[[Any, st
         raise InputError(loc, str(exc), keys) from None
 
 
+_YAML11_BOOLS = {**dict.fromkeys("y Y yes Yes YES on On ON".split(), True),
+                 **dict.fromkeys("n N no No NO off Off OFF".split(), False)}
+
+
 def _bool(doc: dict[str, Any], where: Where, *keys: str) -> bool | None:
-    """A true/false at `keys` (None if unset); anything else (the string 'false') is an error."""
+    """A true/false at `keys` (None if unset), unquoted yes/no/on/off/y/n too: kube-proxy's YAML
+    reader is YAML 1.1's; anything else (the string 'false') is an error."""
     value: Any = doc
     for k in keys:
         value = value.get(k) if isinstance(value, dict) else None
+    if type(value) is str and value in _YAML11_BOOLS:  # (a plain scalar; a quoted one is a str subclass)
+        return _YAML11_BOOLS[value]
     if value is not None and not isinstance(value, bool):
         raise InputError(where(*keys), f"expected true or false, got {value!r}", keys)
     return value

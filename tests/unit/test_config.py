@@ -267,6 +267,13 @@ def test_booleans_are_booleans(tmp_path):
     with pytest.raises(InputError) as exc:
         load_kube_proxy_config(str(path))
     assert str(exc.value) == f"{path}:5:3: iptables.masqueradeAll: expected true or false, got 'false'"
+    # kube-proxy reads YAML 1.1: unquoted yes/no/on/off are booleans there (quoted, strings)
+    path.write_text(HEAD + "mode: iptables\niptables:\n  masqueradeAll: yes\nbindAddressHardFail: off\n")
+    assert {k: v for k, v in load_kube_proxy_config(str(path)).items()
+            if k in ("masquerade_all", "bind_address_hard_fail")} == {"masquerade_all": True, "bind_address_hard_fail": False}
+    path.write_text(HEAD + "bindAddressHardFail: 'yes'\n")
+    with pytest.raises(InputError, match="bindAddressHardFail: expected true or false, got 'yes'"):
+        load_kube_proxy_config(str(path))
 
 
 def test_cidrs_are_read_as_kube_proxy_reads_them(tmp_path, caplog):
