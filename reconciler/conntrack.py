@@ -76,16 +76,13 @@ def frontends(sp: ServicePort) -> list[tuple[Family, Frontend, tuple[Endpoint, .
     return out
 
 
-def serving_by_frontend(ports: Iterable[ServicePort], gone: Iterable[tuple[Family, Frontend]] = ()
-                        ) -> dict[Family, dict[Frontend, frozenset[Endpoint]]]:
+def serving_by_frontend(ports: Iterable[ServicePort]) -> dict[Family, dict[Frontend, frozenset[Endpoint]]]:
     """Per family, the frontends of these (UDP) service ports with their serving endpoints (a
-    frontend two ports share: both sets), and the `gone` frontends none of them has, with none."""
+    frontend two ports share: both sets)."""
     sets: dict[Family, dict[Frontend, set[Endpoint]]] = {}
     for sp in ports:
         for family, frontend, endpoints in frontends(sp):
             sets.setdefault(family, {}).setdefault(frontend, set()).update(endpoints)
-    for family, frontend in gone:
-        sets.setdefault(family, {}).setdefault(frontend, set())
     return {f: {fe: frozenset(eps) for fe, eps in by.items()} for f, by in sets.items()}
 
 
@@ -277,9 +274,7 @@ class Reconciler:
             ids = self._by_frontend.get(key)
             now: frozenset[Endpoint] | None = None
             if ids:
-                self._serving[key] = now = frozenset(
-                    ep for i in ids for family, frontend, eps in frontends(self._ports[i])
-                    if (family, frontend) == key for ep in eps)
+                self._serving[key] = now = serving_by_frontend(self._ports[i] for i in ids)[key[0]][key[1]]
             else:
                 self._by_frontend.pop(key, None)
             if before is None or now is None or not before or before - now:  # (appeared, gone, lost)

@@ -219,16 +219,19 @@ def _no_local(sp: Any, policy: str) -> int:
     return n
 
 
+def trigger_time(body: Any) -> str | None:
+    """An EndpointSlice's last-change-trigger-time annotation, if it has one."""
+    meta = body.get("metadata") if isinstance(body, dict) else None
+    ann = meta.get("annotations") if isinstance(meta, dict) else None
+    value = ann.get(TRIGGER_TIME_ANNOTATION) if isinstance(ann, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
 def trigger_times(objects: Iterable[SourceObject]) -> dict[tuple[str, str, str], list[str]]:
     """EndpointSlice key -> its last-change-trigger-time annotation (when present), in a list."""
     out = {}
     for obj in objects:
-        if obj.kind != "EndpointSlice":
-            continue
-        meta = obj.body.get("metadata") if isinstance(obj.body, dict) else None
-        ann = meta.get("annotations") if isinstance(meta, dict) else None
-        value = ann.get(TRIGGER_TIME_ANNOTATION) if isinstance(ann, dict) else None
-        if isinstance(value, str) and value:
+        if obj.kind == "EndpointSlice" and (value := trigger_time(obj.body)) is not None:
             out[obj.key] = [value]
     return out
 

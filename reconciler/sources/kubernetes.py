@@ -22,7 +22,7 @@ import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
 from ..desired import SERVICE_NAME_LABEL
-from ..metrics import TRIGGER_TIME_ANNOTATION
+from ..metrics import trigger_time
 from .objects import KINDS, Location, SourceObject
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,8 @@ class ChangeLog:
                 self.trigger_times.pop(service, None)
                 self.dropped_triggers.add(service)
                 return
-            ann = (new.get("metadata") or {}).get("annotations") or {}
-            value = ann.get(TRIGGER_TIME_ANNOTATION) if isinstance(ann, dict) else None
-            if isinstance(value, str) and value:
+            value = trigger_time(new)
+            if value is not None:
                 self.trigger_times.setdefault(service, []).append(value)
 
     def take(self) -> tuple[dict[Key, list[str]], set[Key]]:
