@@ -322,8 +322,7 @@ def _conntrack(doc: dict[str, Any], where: Any) -> dict[str, Any]:
         if value is None:
             continue
         if key == "tcpBeLiberal":
-            if not isinstance(value, bool):
-                raise InputError(loc, f"expected true or false, got {value!r}", path)
+            value = _bool(doc, where, *path)
         elif key in ("maxPerCore", "min"):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
                 raise InputError(loc, f"expected an integer from 0 to {INT32_MAX}, got {value!r}", path)

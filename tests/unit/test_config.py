@@ -271,6 +271,8 @@ def test_booleans_are_booleans(tmp_path):
     path.write_text(HEAD + "mode: iptables\niptables:\n  masqueradeAll: yes\nbindAddressHardFail: off\n")
     assert {k: v for k, v in load_kube_proxy_config(str(path)).items()
             if k in ("masquerade_all", "bind_address_hard_fail")} == {"masquerade_all": True, "bind_address_hard_fail": False}
+    path.write_text(HEAD + "conntrack:\n  tcpBeLiberal: on\n")
+    assert load_kube_proxy_config(str(path))["conntrack_tcp_be_liberal"] is True
     path.write_text(HEAD + "bindAddressHardFail: 'yes'\n")
     with pytest.raises(InputError, match="bindAddressHardFail: expected true or false, got 'yes'"):
         load_kube_proxy_config(str(path))
