@@ -42,6 +42,7 @@ from .backends.base import KernelError
 from .config import Options
 from .desired import BuildCache, build_desired_state
 from .drift import DriftCheck
+from .events import EventRecorder, Sender, api_sender, node_ref, service_ref
 from .health import (
     SYSTEM_CLOCK, Clock, ProxyHealth, RetryingListener, ServiceHealthServers, default_hosts, local_addresses,
     node_eligible, start_metrics_server, start_proxy_health_server,
@@ -136,6 +137,7 @@ class KubeSource:
         except Exception as exc:  # noqa: BLE001 - kubernetes.config raises several types
             where = kubeconfig or "in-cluster service account"
             raise ValueError(f"--source kubernetes: cannot load API client configuration ({where}): {exc}") from exc
+        self.client = client
         self.source = KubernetesSource(client, node_name, on_change=on_change)
 
     def start(self) -> None:
@@ -643,7 +645,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     metrics = Metrics(opts.mode)
     daemon = Daemon(opts, backend, None, metrics=metrics)
     hosts: Any = default_hosts() if opts.nodeport_cidrs is None else (lambda: nodeport_hosts(daemon.desired))
-    daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts)
+    daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts, node=opts.node_name or "")
 
     # an address in use is retried in the background while we proxy, unless bindAddressHardFail
     listeners = [
@@ -653,6 +655,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
                          BIND_RETRY_SECONDS),
     ]
     source: Source | None = None
+    recorder: EventRecorder | None = None
     stop = threading.Event()
     saved_handlers: dict[int, Any] = {}
     try:
@@ -662,6 +665,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
             return 1
         if args.source == "kubernetes":
             source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
+            recorder = start_events(api_sender(source.client), opts.node_name, daemon.service_health)
         else:
             source = DirectorySource(args.source, daemon.notify)
         daemon.source = source
@@ -685,10 +689,27 @@ def run(args: argparse.Namespace, opts: Options) -> int:
             source.stop()
         if daemon.service_health is not None:
             daemon.service_health.close()
+        if recorder is not None:
+            recorder.stop()
         for listener in listeners:
             listener.close()
         for signum, previous in saved_handlers.items():
             signal.signal(signum, previous)
+
+
+def start_events(send: Sender, node: str, service_health: ServiceHealthServers | None) -> EventRecorder:
+    """Kube-proxy's Events, from the API source's `run`: StartKubeProxy on the Node now, and
+    FailedToStartServiceHealthcheck on a Service whose health check port cannot be opened."""
+    recorder = EventRecorder(send, node)
+    recorder.start()
+    recorder.record(node_ref(node), "Normal", "StartKubeProxy", "Starting", "Starting service-reconciler.")
+    if service_health is not None:
+        def failed(service: str, message: str) -> None:
+            namespace, _, name = service.partition("/")
+            recorder.record(service_ref(namespace, name), "Warning", "FailedToStartServiceHealthcheck", "Listen",
+                            message)
+        service_health.on_failure = failed
+    return recorder
 
 
 def _install_signal_handlers(stop: threading.Event, daemon: Daemon) -> dict[int, Any]:

@@ -463,12 +463,17 @@ def local_addresses(cidrs: Sequence[str]) -> list[str]:
 class ServiceHealthServers:
     """healthCheckNodePort servers, one per Service with a health check: opened when a service
     appears, closed when it goes (or moves port), counts updated in place. A port that cannot be
-    bound on every address is closed on all, logged and retried at the next sync."""
+    bound on every address is closed on all, logged (and passed to `on_failure`: service, message;
+    the run loop records it as kube-proxy's FailedToStartServiceHealthcheck Event) and retried at
+    the next sync."""
 
     def __init__(self, proxy_healthy: Callable[[], bool],
-                 hosts: Callable[[], Sequence[str]] | Sequence[str] | None = None) -> None:
+                 hosts: Callable[[], Sequence[str]] | Sequence[str] | None = None, node: str = "",
+                 on_failure: Callable[[str, str], None] | None = None) -> None:
         self.proxy_healthy = proxy_healthy
         self._hosts = hosts
+        self.node = node
+        self.on_failure = on_failure
         self._lock = threading.Lock()
         self._entries: dict[str, _ServiceEntry] = {}
 
@@ -517,9 +522,11 @@ class ServiceHealthServers:
             except BindError as exc:  # all or nothing, as upstream: the next sync retries every address
                 for srv in entry.servers:
                     srv.close()
-                msg = f"failed to start healthcheck {h.service!r} on port {h.nodePort}: {exc}"
+                msg = f'node {self.node} failed to start healthcheck "{h.service}" on port {h.nodePort}: {exc}'
                 log.warning("%s", msg)
                 errors.append(msg)
+                if self.on_failure is not None:
+                    self.on_failure(h.service, msg)
                 continue
             if entry.servers:
                 with self._lock:

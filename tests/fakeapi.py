@@ -109,6 +109,7 @@ class FakeAPIServer:
         # resource version", as after etcd was restored from a backup)
         self.refused_rvs: set[str] = set()
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.recorded_events: list[Obj] = []  # events.k8s.io/v1 Events created (POST)
         # Called (kind, query) when a list page is ready, before it is sent (e.g. to compact).
         self.on_list_page: Callable[[str, dict[str, str]], None] | None = None
         self.port = 0
@@ -303,6 +304,28 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(400, status(400, "BadRequest", str(exc)))
         except OSError:
             self.close_connection = True
+
+    def do_POST(self) -> None:
+        """Create an events.k8s.io/v1 Event, checked as the API server validates one."""
+        api = self.api
+        path = urlsplit(self.path).path
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        prefix, suffix = "/apis/events.k8s.io/v1/namespaces/", "/events"
+        if not (path.startswith(prefix) and path.endswith(suffix)):
+            return self._json(404, status(404, "NotFound", f"the server could not find {path}"))
+        namespace = path[len(prefix):-len(suffix)]
+        meta = body.get("metadata") or {}
+        problems = [f for f in ("eventTime", "reportingController", "reportingInstance", "action", "reason",
+                                "regarding") if not body.get(f)]
+        if body.get("type") not in ("Normal", "Warning"):
+            problems.append("type")
+        if len(body.get("note", "")) > 1024 or meta.get("namespace", namespace) != namespace or not meta.get("name"):
+            problems.append("note/metadata")
+        if problems:
+            return self._json(422, status(422, "Invalid", f"Event is invalid: {problems}"))
+        with api._cond:
+            api.recorded_events.append(body)
+        self._json(201, body)
 
     def _list(self, kind: _Kind, q: dict[str, str]) -> None:
         api = self.api

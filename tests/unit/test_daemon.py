@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -977,6 +978,32 @@ def test_kubernetes_source_end_to_end_in_a_netns(netns: str, tmp_path: Path) -> 
         api.delete("EndpointSlice", "default", "web-1")
         assert wait_until(lambda: "10.96.0.10" not in nft_table(netns), timeout=10), log_path.read_text()
         assert "10.96.0.11" in nft_table(netns)
+        # kube-proxy's Events: StartKubeProxy on the Node; a healthCheckNodePort already in use:
+        # FailedToStartServiceHealthcheck on its Service, once however many syncs retry it
+        blocker = start_in_netns(netns, lambda: socket.create_server(("0.0.0.0", 32100)))
+        try:
+            lb = api_service("lb", cluster_ip="10.96.0.12")
+            lb["spec"].update(type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=32100)
+            lb["spec"]["ports"][0]["nodePort"] = 31000
+            local = api_slice("lb-1", "lb", ["10.244.1.20"])
+            local["endpoints"][0]["nodeName"] = "node-a"
+            api.create(lb)
+            api.create(local)
+
+            def failed() -> list[dict[str, Any]]:
+                return [e for e in api.recorded_events if e["reason"] == "FailedToStartServiceHealthcheck"]
+            assert wait_until(failed, timeout=15), log_path.read_text()
+            api.update(api_service("api", cluster_ip="10.96.0.11", port=81))  # another sync: retried, not re-sent
+            assert wait_until(lambda: "tcp . 81 " in nft_table(netns), timeout=10), log_path.read_text()
+        finally:
+            blocker.close()
+        [event] = failed()
+        assert event["regarding"] == {"apiVersion": "v1", "kind": "Service", "namespace": "default", "name": "lb"}
+        assert (event["type"], event["action"], event["metadata"]["namespace"]) == ("Warning", "Listen", "default")
+        assert event["note"].startswith('node node-a failed to start healthcheck "default/lb" on port 32100: ')
+        [start] = [e for e in api.recorded_events if e["reason"] == "StartKubeProxy"]
+        assert start["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"}
+        assert (start["type"], start["action"], start["metadata"]["namespace"]) == ("Normal", "Starting", "default")
         # /healthz from inside the namespace: the node exists, so eligible
         probe = subprocess.run(
             ["ip", "netns", "exec", netns, sys.executable, "-c",

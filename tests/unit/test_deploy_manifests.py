@@ -69,6 +69,7 @@ EXPECTED_RBAC = {
     ("", "services", frozenset({"list", "watch"})),
     ("discovery.k8s.io", "endpointslices", frozenset({"list", "watch"})),
     ("", "nodes", frozenset({"list", "watch"})),
+    ("events.k8s.io", "events", frozenset({"create"})),
 }
 
 # Not Kubernetes API objects: no OpenAPI schema exists for them.

@@ -371,7 +371,7 @@ def test_service_health_port_in_use_is_retried(service_servers) -> None:
     blocker.listen()
     port = blocker.getsockname()[1]
     errors = servers.sync([HealthCheck("ns/svc", port, 1)])
-    assert len(errors) == 1 and "failed to start healthcheck 'ns/svc'" in errors[0]
+    assert len(errors) == 1 and 'failed to start healthcheck "ns/svc"' in errors[0]
     assert servers.services == {}
     blocker.close()
     assert servers.sync([HealthCheck("ns/svc", port, 1)]) == []
