@@ -361,9 +361,9 @@ def test_a_nodeport_cidr_holding_loopback_leaves_loopback_out():
 
 def test_nodeports_are_looked_up_after_every_shards_service_ips():
     """kube-proxy looks a packet up in @service-ips, then in @service-nodeports, in one chain. Our
-    shards have a chain each at one priority, which the kernel runs in the order their hooks were
-    registered: the NodePorts go a priority later, so a service IP that is also a local address
-    (an externalIP on the node) wins over another shard's NodePort on the same port."""
+    shards have a chain each: the NodePorts go a priority later than every shard's service IPs, so
+    a service IP that is also a local address (an externalIP on the node) wins over another
+    shard's NodePort on the same port."""
     objs = [service("web", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="NodePort"),
             endpoint_slice("web", [endpoint("10.244.1.5")])]
     table = next(t for t in render(build(objs)).tables.values() if "nodeports" in t.chains)
@@ -379,6 +379,25 @@ def test_nodeports_are_looked_up_after_every_shards_service_ips():
     shards = [t for t in render(build(dual, nodeport_cidrs=("::1/128", "10.1.0.0/16"))).tables.values()
               if "service-ips" in t.sets]
     assert {t.family: "nodeports" in t.chains for t in shards} == {"ip": True, "ip6": False}
+
+
+def test_service_traffic_is_rejected_at_priority_filter_as_kube_proxy_promises():
+    """kube-proxy (since #132456) rejects/drops service traffic from `type filter` chains at
+    `priority filter`: other components order their own chains against that."""
+    main = render(build([service("web", "10.96.0.1", HTTP)])).tables["ip reconciler"]
+    hooks = {c.base.hook: c.base.priority for n, c in main.chains.items() if n.startswith("filter-")}
+    assert hooks == {"input": 0, "forward": 0, "output": 0}
+
+
+def test_hairpin_is_an_endpoint_reaching_itself_on_its_own_port():
+    """As kube-proxy's hairpin-connections: source, destination, protocol and port of the
+    endpoint; a pod DNATed back to itself on another port by someone else is not masqueraded."""
+    objs = [service("web", "10.96.0.1", HTTP), endpoint_slice("web", [endpoint("10.244.1.5")])]
+    main = render(build(objs)).tables["ip reconciler"]
+    assert main.sets["hairpin"].key_type == "ipv4_addr . ipv4_addr . inet_proto . inet_service"
+    assert set(main.sets["hairpin"].elements) == {"10.244.1.5 . 10.244.1.5 . tcp . 8080"}
+    assert main.chains["masquerading"].rules[0] == (
+        "ct status dnat ip saddr . ip daddr . meta l4proto . th dport @hairpin jump mark-for-masquerade")
 
 
 def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch):

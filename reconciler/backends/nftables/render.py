@@ -35,9 +35,11 @@ _BASE_CHAINS = {
     "nat-postrouting": BaseHook("nat", "postrouting", 100),
     "firewall-prerouting": BaseHook("filter", "prerouting", -110),
     "firewall-output": BaseHook("filter", "output", -110),
-    "filter-input": BaseHook("filter", "input", -10),
-    "filter-forward": BaseHook("filter", "forward", -10),
-    "filter-output": BaseHook("filter", "output", -10),
+    # REJECT/DROP of service traffic at `priority filter`, as kube-proxy (since #132456) promises
+    # other components: a chain of theirs at filter, registered later, acts before these
+    "filter-input": BaseHook("filter", "input", 0),
+    "filter-forward": BaseHook("filter", "forward", 0),
+    "filter-output": BaseHook("filter", "output", 0),
 }
 
 
@@ -267,8 +269,8 @@ class _Builder:
         # this node's pods, and those of any node the ETP Local pod short-circuit may send back
         # to themselves (one element each: exact, as kube-proxy's per-endpoint masquerade)
         short = blk.external.shortCircuit if blk.external is not None and self.opts.clusterCIDRs else ()
-        for ep in (*blk.hairpinEndpoints, *short):
-            self.hairpin[f"{ep.ip} . {ep.ip}"] = (None, None)
+        for ep in (*blk.hairpinEndpoints, *short):  # (kube-proxy's: the endpoint's protocol and port too)
+            self.hairpin[f"{ep.ip} . {ep.ip} . {proto} . {ep.port}"] = (None, None)
         internal, external = blk.internal, blk.external
 
         svc_name = svc_chain(sp)
@@ -374,7 +376,7 @@ class _Builder:
                                           "verdict"),
             "firewall-ips": _set("firewall-ips", svc_key, self.firewall_ips),
             "firewall-allow": _set("firewall-allow", f"{svc_key} . {addr}", self.firewall_allow, flags=("interval",)),
-            "hairpin": _set("hairpin", f"{addr} . {addr}", self.hairpin),
+            "hairpin": _set("hairpin", f"{addr} . {addr} . inet_proto . inet_service", self.hairpin),
         }
         nodeport_match = self._nodeport_match()
         endpoints_check = [f"{ip} daddr . meta l4proto . th dport vmap @no-endpoint-services"]
@@ -391,7 +393,7 @@ class _Builder:
                                f"{ip} daddr . meta l4proto . th dport . {ip} saddr != @firewall-allow drop"],
             MARK_MASQ: [f"meta mark set meta mark | 0x{MASQ_BIT:08x}"],
             "masquerading": [
-                f"ct status dnat {ip} saddr . {ip} daddr @hairpin jump {MARK_MASQ}",
+                f"ct status dnat {ip} saddr . {ip} daddr . meta l4proto . th dport @hairpin jump {MARK_MASQ}",
                 f"meta mark & 0x{MASQ_BIT:08x} == 0x00000000 return",
                 f"meta mark set meta mark ^ 0x{MASQ_BIT:08x}",
                 "masquerade fully-random",
