@@ -259,8 +259,9 @@ def test_endpoint_change_rewrites_only_that_service(ns: Netns, tmp_path: Path) -
     flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16")
     ns.reconciler("apply", "--mode", "iptables", *flags, flavour="nft")
     chains = re.findall(r"^:(RECONCILER-\S+)", ns.save("nft"), re.M)
-    filter_chains = ("RECONCILER-FILTER", "RECONCILER-FILTER-INPUT", "RECONCILER-FIREWALL",
-                     "RECONCILER-ENDPOINTS-CHECK", "RECONCILER-CLUSTER-IPS")
+    filter_chains = ("RECONCILER-FILTER", "RECONCILER-FILTER-INPUT", "RECONCILER-FILTER-OUTPUT",
+                     "RECONCILER-FIREWALL", "RECONCILER-ENDPOINTS-CHECK", "RECONCILER-EXTERNAL-CHECK",
+                     "RECONCILER-CLUSTER-IPS")
     before = {c: _rule_handles(ns, c) for c in chains if c not in filter_chains}  # (the nat table's)
     cart = src / "shop" / "cart.yaml"
     cart.write_text(cart.read_text().replace("10.244.1.32", "10.244.1.33"))

@@ -127,3 +127,45 @@ def test_unused_port_of_a_cluster_ip_is_refused_without_service_cidrs(lab, tmp_p
         assert outcomes(unused) == {"refused": 2} and max(r.elapsed for r in unused) < 0.5
     else:
         assert "refused" not in outcomes(unused)
+
+
+def test_no_endpoint_checks_see_the_packets_kube_proxy_s_mode_checks(lab, tmp_path, mode):
+    """The REJECT/DROP of a service port without (usable) endpoints sees what kube-proxy's mode
+    sees: nftables checks ClusterIPs, external addresses and (on --nodeport-addresses) nodePorts
+    from input, forward and output; iptables checks ClusterIPs from FORWARD and OUTPUT
+    (KUBE-SERVICES), external addresses and nodePorts on any local address from INPUT and FORWARD
+    (KUBE-EXTERNAL-SERVICES)."""
+    src = str(tmp_path / "s")
+    ext = ADDR["ext1"][4]
+    write_state(src, [
+        svc("gone", ["10.96.2.20"], [{"name": "http", "port": 8088, "protocol": "TCP"}], externalIPs=[ext]),
+        svc("itp", ["10.96.2.21"], [{"name": "http", "port": 8089, "protocol": "TCP"}], internalTrafficPolicy="Local"),
+        eps("itp", ["pod3"]),
+        svc("np", ["10.96.2.22"], [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 31090}],
+            type="NodePort"),
+    ])
+    reconciler(lab, "apply", *common_flags(src, mode, extra=["--nodeport-addresses", "172.30.0.0/24"]))
+    remote = lab.start_server("ext1", "ext1", [8088], udp=False)
+    host = lab.start_server("node", "host", [8089, 31090], udp=False)
+    lab.add_node_address("10.96.2.21", "lo")
+    lab.add_node_address("172.30.9.9", "lo")
+    try:
+        own_to_ext = lab.tcp("node", ext, 8088, count=2)  # the node to a remote host's address, an externalIP
+        pod_to_ext = lab.tcp("pod1", ext, 8088, count=2)  # forwarded
+        to_local_cluster_ip = lab.tcp("pod1", "10.96.2.21", 8089, count=2)  # ITP Local, only remote endpoints
+        nodeport_elsewhere = lab.tcp("pod1", "172.30.9.9", 31090, count=2)  # outside --nodeport-addresses
+        nodeport = lab.tcp("ext1", ADDR["node"][4], 31090, count=2)
+    finally:
+        lab.del_node_address("10.96.2.21", "lo")
+        lab.del_node_address("172.30.9.9", "lo")
+        remote.stop()
+        host.stop()
+    assert outcomes(pod_to_ext) == {"refused": 2} and outcomes(nodeport) == {"refused": 2}
+    if mode == "nftables":
+        assert outcomes(own_to_ext) == {"refused": 2}
+        assert outcomes(to_local_cluster_ip) == {"timeout": 2}
+        assert outcomes(nodeport_elsewhere) == {"ok": 2} and set(servers(nodeport_elsewhere)) == {"host"}
+    else:
+        assert outcomes(own_to_ext) == {"ok": 2} and set(servers(own_to_ext)) == {"ext1"}
+        assert outcomes(to_local_cluster_ip) == {"ok": 2} and set(servers(to_local_cluster_ip)) == {"host"}
+        assert outcomes(nodeport_elsewhere) == {"refused": 2}

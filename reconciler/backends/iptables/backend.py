@@ -18,8 +18,8 @@ from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
 from .observed import canonical_texts, read_our_tables
 from .render import (
-    COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX, TABLES,
-    IptablesModel, Renderer, TableState, chain_hash, is_service_chain,
+    COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, EXTERNAL_CHECK, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX,
+    TABLES, IptablesModel, Renderer, TableState, chain_hash, is_service_chain,
 )
 from .save import Rule
 
@@ -200,7 +200,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                 sid, addr = rule_owner(r), _addr(r.args)
                 if sid and addr and (only is None or sid in only):
                     entry(sid)["addresses"].add(addr)
-        for r in filt.chains.get(ENDPOINTS_CHECK, ()):
+        for r in (*filt.chains.get(ENDPOINTS_CHECK, ()), *filt.chains.get(EXTERNAL_CHECK, ())):
             if only is not None and only.isdisjoint(r.args):
                 continue
             sid, addr = rule_owner(r), _addr(r.args)

@@ -22,13 +22,18 @@ nat table
   RECONCILER-MARK-MASQ    sets the masquerade mark 0x4000
   RECONCILER-NON-POD-MASQ only with several cluster CIDRs: marks sources outside all of them
   RECONCILER-POSTROUTING  hooked from POSTROUTING: masquerades marked packets
-filter table (post-DNAT; hooked for conntrack state NEW)
-  RECONCILER-FILTER       the FORWARD and OUTPUT hook target: jumps to the three chains below
-  RECONCILER-FILTER-INPUT the INPUT hook target: FIREWALL and ENDPOINTS-CHECK only (as kube-proxy's
-                          nftables mode, a ClusterIP that is a local address keeps its host sockets)
+filter table (post-DNAT; hooked for conntrack state NEW), the checks hooked as kube-proxy's
+iptables mode hooks KUBE-SERVICES (ClusterIPs: FORWARD, OUTPUT) and KUBE-EXTERNAL-SERVICES
+(externalIPs, LB IPs, nodePorts: INPUT, FORWARD)
+  RECONCILER-FILTER       the FORWARD hook target: jumps to the four chains below
+  RECONCILER-FILTER-OUTPUT  the OUTPUT hook target: FIREWALL, ENDPOINTS-CHECK, CLUSTER-IPS
+  RECONCILER-FILTER-INPUT the INPUT hook target: FIREWALL, EXTERNAL-CHECK (a ClusterIP that is a
+                          local address keeps its host sockets)
   RECONCILER-FIREWALL     drops LB IP traffic that was not DNATed (source outside the ranges; without
                           endpoints, what comes from outside them: the rest is rejected below)
-  RECONCILER-ENDPOINTS-CHECK  REJECT / DROP for addresses and nodePorts without endpoints
+  RECONCILER-ENDPOINTS-CHECK  REJECT / DROP for ClusterIPs without endpoints
+  RECONCILER-EXTERNAL-CHECK   REJECT / DROP for externalIPs, LB IPs and (any local address) nodePorts
+                          without endpoints
   RECONCILER-CLUSTER-IPS  with serviceCIDRs: REJECT unused ports of ClusterIPs, DROP unallocated IPs
 
 Per-service rules carry ``-m comment --comment <service port id>`` (plans and service views use it).
@@ -60,9 +65,11 @@ NON_POD_MASQ = "RECONCILER-NON-POD-MASQ"
 POSTROUTING = "RECONCILER-POSTROUTING"
 FILTER = "RECONCILER-FILTER"
 FILTER_INPUT = "RECONCILER-FILTER-INPUT"
+FILTER_OUTPUT = "RECONCILER-FILTER-OUTPUT"
 CLUSTER_IPS = "RECONCILER-CLUSTER-IPS"
 FIREWALL = "RECONCILER-FIREWALL"
 ENDPOINTS_CHECK = "RECONCILER-ENDPOINTS-CHECK"
+EXTERNAL_CHECK = "RECONCILER-EXTERNAL-CHECK"
 SVC_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX = (f"{PREFIX}{k}-" for k in ("SVC", "EXT", "FW", "SEP"))
 SERVICE_CHAIN_PREFIXES = (SVC_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX)
 MAX_CHAIN_NAME = 28
@@ -81,7 +88,7 @@ JUMPS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
     ("nat", "POSTROUTING", (), "masquerading", POSTROUTING),
     ("filter", "INPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER_INPUT),
     ("filter", "FORWARD", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
-    ("filter", "OUTPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER),
+    ("filter", "OUTPUT", ("-m", "conntrack", "--ctstate", "NEW"), "service checks", FILTER_OUTPUT),
 )
 
 
@@ -203,6 +210,10 @@ def cidr(c: str) -> str:
     return str(ipaddress.ip_network(c, strict=False))
 
 
+def _jumps(chain: str, *targets: str) -> tuple[Rule, ...]:
+    return tuple(Rule(chain, ("-j", t)) for t in targets)
+
+
 def _comment(sid: str) -> tuple[str, ...]:
     return ("-m", "comment", "--comment", sid)
 
@@ -272,6 +283,7 @@ class _Builder:
         self.nodeports: list[Rule] = []
         self.firewall: list[Rule] = []
         self.no_endpoints: list[Rule] = []
+        self.no_external: list[Rule] = []
         self.no_endpoint_nodeports: list[Rule] = []
         self.cluster_ips: list[str] = []
         self.nat_rules: dict[str, tuple[Rule, ...]] = {}  # self.nat as Rules, once frozen
@@ -309,13 +321,13 @@ class _Builder:
             if ext:
                 self.services.append(addr_rule(SERVICES, ip, "-j", ext))
             if external.verdict != "forward":
-                self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
+                self.no_external.append(addr_rule(EXTERNAL_CHECK, ip, *self._verdict(external)))
         for ip in blk.loadBalancerIPs:
             if ext:  # (-g, where kube-proxy jumps: what the FW chain lets through un-DNATed goes back to
                 # PREROUTING and RECONCILER-FIREWALL drops it, never on to a NodePort on the LB IP's port)
                 self.services.append(addr_rule(SERVICES, ip, *(("-g", fw_chain(sp)) if firewall else ("-j", ext))))
             if external.verdict != "forward":
-                self.no_endpoints.append(addr_rule(ENDPOINTS_CHECK, ip, *self._verdict(external)))
+                self.no_external.append(addr_rule(EXTERNAL_CHECK, ip, *self._verdict(external)))
             if firewall:
                 self.firewall.append(addr_rule(FIREWALL, ip, "-j", "DROP"))
             elif blk.loadBalancerSourceRanges:  # nothing DNATed (no endpoints): the ranges' sources go
@@ -328,11 +340,11 @@ class _Builder:
             if ext:
                 self.nodeports.append(Rule(NODEPORTS, ("-p", proto, *_comment(sid), *_port_match(proto, sp.nodePort),
                                                        "-j", ext)))
-            if external.verdict != "forward":
-                for head, match in self._nodeport_matches():
-                    self.no_endpoint_nodeports.append(Rule(ENDPOINTS_CHECK, (
-                        *head, "-p", proto, *_comment(sid), *match, *_port_match(proto, sp.nodePort),
-                        *self._verdict(external))))
+            if external.verdict != "forward":  # on any local address, as kube-proxy's (not
+                # only --nodeport-addresses': a nodePort without endpoints is refused everywhere)
+                self.no_endpoint_nodeports.append(Rule(EXTERNAL_CHECK, (
+                    "-p", proto, *_comment(sid), "-m", "addrtype", "--dst-type", "LOCAL",
+                    *_port_match(proto, sp.nodePort), *self._verdict(external))))
 
     def _verdict(self, path: TrafficPath) -> tuple[str, ...]:
         return self.fam.reject if path.verdict == "reject" else ("-j", "DROP")
@@ -461,6 +473,7 @@ class _Builder:
             self.nodeports += frag.nodeports
             self.firewall += frag.firewall
             self.no_endpoints += frag.no_endpoints
+            self.no_external += frag.no_external
             self.no_endpoint_nodeports += frag.no_endpoint_nodeports
             self.cluster_ips += frag.cluster_ips
         self.cluster_ips = list(dict.fromkeys(self.cluster_ips))
@@ -482,11 +495,12 @@ class _Builder:
             cluster_ips += [Rule(CLUSTER_IPS, ("-d", self.fam.host(ip), *self.fam.reject)) for ip in self.cluster_ips]
             cluster_ips += [Rule(CLUSTER_IPS, ("-d", cidr(c), "-j", "DROP")) for c in self.opts.serviceCIDRs]
         filt: dict[str, tuple[Rule, ...]] = {
-            FILTER: (Rule(FILTER, ("-j", FIREWALL)), Rule(FILTER, ("-j", ENDPOINTS_CHECK)),
-                     Rule(FILTER, ("-j", CLUSTER_IPS))),
-            FILTER_INPUT: (Rule(FILTER_INPUT, ("-j", FIREWALL)), Rule(FILTER_INPUT, ("-j", ENDPOINTS_CHECK))),
+            FILTER: _jumps(FILTER, FIREWALL, ENDPOINTS_CHECK, EXTERNAL_CHECK, CLUSTER_IPS),
+            FILTER_OUTPUT: _jumps(FILTER_OUTPUT, FIREWALL, ENDPOINTS_CHECK, CLUSTER_IPS),
+            FILTER_INPUT: _jumps(FILTER_INPUT, FIREWALL, EXTERNAL_CHECK),
             FIREWALL: tuple(self.firewall),
-            ENDPOINTS_CHECK: (*self.no_endpoints, *self.no_endpoint_nodeports),
+            ENDPOINTS_CHECK: tuple(self.no_endpoints),
+            EXTERNAL_CHECK: (*self.no_external, *self.no_endpoint_nodeports),
             CLUSTER_IPS: tuple(cluster_ips),
         }
         return {"filter": TableState(filt, wanted_jumps("filter")), "nat": TableState(nat, wanted_jumps("nat"))}
