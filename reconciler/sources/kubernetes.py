@@ -411,7 +411,10 @@ class KubernetesSource:
             if rv:
                 inf.resource_version = rv
             old = inf.cache.get(key)
-            if etype == "DELETED":
+            if etype == "DELETED" and inf.kind == "Node" and old is not None:
+                inf.cache[key] = _deleted_node(old)
+                changed = inf.cache[key] != old
+            elif etype == "DELETED":
                 changed = inf.cache.pop(key, None) is not None
                 self._changes.record(inf.kind, key, old, None)
             else:
@@ -430,6 +433,8 @@ class KubernetesSource:
                 self._counters["relists"] += 1
             # keep the old body object where nothing changed, so snapshots stay identical
             items = {k: (inf.cache[k] if inf.cache.get(k) == v else v) for k, v in items.items()}
+            if inf.kind == "Node":  # (a Node deleted meanwhile: see _deleted_node)
+                items.update({k: _deleted_node(v) for k, v in inf.cache.items() if k not in items})
             changed = inf.cache != items
             for k in inf.cache.keys() | items.keys():  # each object listed, or gone, is an event (client-go's
                 self._changes.record(inf.kind, k, inf.cache.get(k), items.get(k))  # Replace updates them all)
@@ -466,6 +471,18 @@ class KubernetesSource:
             obj = {"metadata": kept, "spec": {"taints": (obj.get("spec") or {}).get("taints") or []},
                    "status": {"addresses": (obj.get("status") or {}).get("addresses") or []}}
         return {"apiVersion": inf.api_version, "kind": inf.kind, **obj}
+
+
+def _deleted_node(body: dict[str, Any]) -> dict[str, Any]:
+    """This node's Node once deleted: kept as last seen, marked deleted. kube-proxy keeps the zone
+    and node IPs it had (its topology handler ignores deletes; its NodeManager exits, leaving the
+    rules in place), so routing stays as it was; /healthz reports the node ineligible."""
+    meta = body.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return body
+    log.warning("Node %s was deleted: keeping its last labels and addresses; /healthz reports it ineligible",
+                meta.get("name"))
+    return {**body, "metadata": {**meta, "deletionTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
 
 
 def _key(body: dict[str, Any]) -> Key:

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from reconciler.health import node_eligible
 from reconciler.sources.kubernetes import (  # noqa: E402
     PROXY_LABEL_SELECTOR,
     KubernetesSource,
@@ -271,6 +272,34 @@ def test_node_labels_are_in_the_snapshot(server: FakeAPIServer, make_source: Any
     moved["status"] = {"addresses": [{"type": "InternalIP", "address": "172.30.0.9"}]}
     server.update(moved)
     assert wait_until(lambda: body(src, "Node", NODE)["status"]["addresses"] != [])  # type: ignore[index]
+
+
+def test_a_deleted_node_is_kept_as_last_seen_and_marked_deleted(server: FakeAPIServer, make_source: Any) -> None:
+    """kube-proxy keeps the zone and node IPs it had when its Node is deleted (routing unchanged);
+    /healthz then reports the node ineligible: the snapshot keeps the Node, with a deletionTimestamp."""
+    zoned = node(NODE, {"topology.kubernetes.io/zone": "zone-1"})
+    zoned["status"] = {"addresses": [{"type": "InternalIP", "address": "172.30.0.9"}]}
+    server.create(zoned)
+    src = make_source(server)
+    assert src.wait_synced(3)
+    # deleted while the watch was away: the relist no longer lists it
+    server.stop()
+    server.delete("Node", "", NODE)
+    server.compact()
+    server.start()
+    assert wait_until(lambda: "deletionTimestamp" in body(src, "Node", NODE)["metadata"])  # type: ignore[index]
+    kept = body(src, "Node", NODE)
+    assert kept["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-1"  # type: ignore[index]
+    assert kept["status"]["addresses"] == [{"type": "InternalIP", "address": "172.30.0.9"}]  # type: ignore[index]
+    assert not node_eligible(kept)
+    # re-created: the new one, eligible
+    server.create(node(NODE, {"topology.kubernetes.io/zone": "zone-2"}))
+    assert wait_until(lambda: "deletionTimestamp" not in body(src, "Node", NODE)["metadata"])  # type: ignore[index]
+    assert node_eligible(body(src, "Node", NODE))
+    # deleted under the watch
+    server.delete("Node", "", NODE)
+    assert wait_until(lambda: "deletionTimestamp" in body(src, "Node", NODE)["metadata"])  # type: ignore[index]
+    assert body(src, "Node", NODE)["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-2"  # type: ignore[index]
 
 
 def test_bookmarks_advance_the_resource_version(server: FakeAPIServer, make_source: Any) -> None:
