@@ -348,7 +348,11 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     if svc_type == "LoadBalancer":
         for i, _ in enumerate(r.typed(("status", "loadBalancer", "ingress"), list, [])):
             base = ("status", "loadBalancer", "ingress", i)
-            if r.get(base + ("ip",)) in (None, "") or r.get(base + ("ipMode",)) == "Proxy":
+            mode = r.get(base + ("ipMode",))
+            if mode not in (None, "VIP", "Proxy"):  # (the API server allows only these; kube-proxy skips it)
+                r.warn(base + ("ipMode",), f"{mode!r} is neither VIP nor Proxy; this ingress IP is skipped, "
+                                           "as kube-proxy skips it")
+            if r.get(base + ("ip",)) in (None, "") or mode not in (None, "VIP"):
                 continue  # hostname-only ingress ("" is no ip to kube-proxy), or the LB proxies itself
             ip = r.ip(base + ("ip",))
             lb_ips[ip_family(ip)].append(ip)

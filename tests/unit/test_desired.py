@@ -220,6 +220,23 @@ def test_lb_ips_are_allowed_sources_when_the_node_is_inside_a_range():
     assert _lb(["172.30.0.0/16"], internal).loadBalancerSourceRanges == ("172.30.0.0/16",)
 
 
+def test_only_vip_mode_ingress_ips_are_programmed():
+    """proxyutil.IsVIPMode: an ingress IP is the proxy's when ipMode is unset or VIP; Proxy (the
+    LB proxies itself) and any other value (only a file can hold one) are skipped."""
+    svc = service("lb", "10.96.0.9", [{**HTTP[0], "nodePort": 30009}], type="LoadBalancer")
+    svc.body["status"] = {"loadBalancer": {"ingress": [
+        {"ip": "172.30.1.1"}, {"ip": "172.30.1.2", "ipMode": "VIP"}, {"ip": "172.30.1.3", "ipMode": "Proxy"},
+        {"ip": "172.30.1.4", "ipMode": ""}, {"ip": "172.30.1.5", "ipMode": "vip"}, {"hostname": "lb.example"}]}}
+    d = build([svc, endpoint_slice("lb", [endpoint("10.244.1.5")])])
+    [sp] = d.services
+    assert sp.families[0].loadBalancerIPs == ("172.30.1.1", "172.30.1.2")
+    assert [w.split(": ", 1)[1] for w in d.warnings if "ipMode" in w] == [
+        "status.loadBalancer.ingress[3].ipMode: '' is neither VIP nor Proxy; this ingress IP is skipped, as "
+        "kube-proxy skips it",
+        "status.loadBalancer.ingress[4].ipMode: 'vip' is neither VIP nor Proxy; this ingress IP is skipped, as "
+        "kube-proxy skips it"]
+
+
 def test_loosely_written_addresses_are_read_as_kube_proxy_reads_them():
     """netutils.ParseIPSloppy / ParseCIDRSloppy, which the API server's legacy validation accepts:
     leading zeros are decimal, an IPv4-mapped IPv6 address is IPv4 (it was classed IPv6: an
