@@ -27,7 +27,7 @@ DESCRIPTION = """\
 Reconcile Kubernetes Services and EndpointSlices into kernel load-balancing state (kube-proxy's job).
 
 Exit codes: 0 success (plan: the kernel already matches), 1 error (bad input or usage, a kernel
-tool failed), 2 (plan only) changes pending.
+tool failed, apply did not converge), 2 (plan only) changes pending.
 """
 
 
@@ -99,11 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a manifest directory (watched) or 'kubernetes' (list+watch the API)")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: the file's "
                                                            "clientConnection.kubeconfig, else in-cluster)")
-    p.add_argument("--sync-period", metavar="DURATION", help="full resync (kernel re-read) period (default 30s)")
-    p.add_argument("--min-sync-period", metavar="DURATION", help="pace of syncs after a burst of two (default 1s)")
+    p.add_argument("--sync-period", metavar="DURATION", help="full resync period; it reads the kernel back only when the ruleset "
+                        "generation moved, and at least hourly (default 30s)")
+    p.add_argument("--min-sync-period", metavar="DURATION", help="least time from a sync's end to the next sync's start (default 1s)")
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
     p.add_argument("--metrics-bind-address", metavar="HOST:PORT", help="/metrics (default 127.0.0.1:10249)")
-    p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format")
+    p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
     _conntrack_flags(p)
     return parser
 

@@ -16,7 +16,7 @@ from reconciler.backends.nftables.objects import BaseHook, Ruleset
 from reconciler.backends.nftables.observe import parse_table
 from reconciler.backends.nftables.render import interval_set, render, shard_of
 from reconciler.desired import BuildOptions, build_desired_state
-from reconciler.plan import Plan, service_changes
+from reconciler.plan import RULES_ONLY, Plan, service_changes
 from reconciler.backends.nftables.backend import service_view
 from reconciler.sources.manifests import load_directory
 
@@ -243,6 +243,11 @@ def test_plan_reads_in_service_terms_and_json_matches_schema():
     plan.verified_by = "guessed"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(json.loads(plan.to_json()), schema)
+    # a service port whose rules alone change (affinity timeout, a policy): its views are the same
+    same = service_view(before)
+    rules_only = Plan("nftables", "node-a", service_changes(same, same, {"default/svc1:http/TCP"}), diff(after, before))
+    assert [s.details for s in rules_only.services] == [(RULES_ONLY,)]
+    jsonschema.validate(json.loads(rules_only.to_json()), schema)
 
 
 def test_script_batches_elements_and_is_one_transaction_text():
