@@ -659,15 +659,15 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     stop = threading.Event()
     saved_handlers: dict[int, Any] = {}
     try:
+        if args.source == "kubernetes":  # (its API client first: the Events of the listeners below)
+            source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
+            recorder = start_events(api_sender(source.client), opts.node_name, daemon.service_health, listeners[0])
+        else:
+            source = DirectorySource(args.source, daemon.notify)
         hard_fail = opts.bind_address_hard_fail
         started = [listener.start(retry=not hard_fail) for listener in listeners]
         if hard_fail and not all(started):
             return 1
-        if args.source == "kubernetes":
-            source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
-            recorder = start_events(api_sender(source.client), opts.node_name, daemon.service_health)
-        else:
-            source = DirectorySource(args.source, daemon.notify)
         daemon.source = source
         saved_handlers = _install_signal_handlers(stop, daemon)
         source.start()
@@ -697,12 +697,17 @@ def run(args: argparse.Namespace, opts: Options) -> int:
             signal.signal(signum, previous)
 
 
-def start_events(send: Sender, node: str, service_health: ServiceHealthServers | None) -> EventRecorder:
-    """Kube-proxy's Events, from the API source's `run`: StartKubeProxy on the Node now, and
+def start_events(send: Sender, node: str, service_health: ServiceHealthServers | None,
+                 healthz: RetryingListener | None = None) -> EventRecorder:
+    """Kube-proxy's Events, from the API source's `run`: Starting on the Node now,
+    FailedToStartProxierHealthcheck on it when /healthz cannot listen, and
     FailedToStartServiceHealthcheck on a Service whose health check port cannot be opened."""
     recorder = EventRecorder(send, node)
     recorder.start()
-    recorder.record(node_ref(node), "Normal", "StartKubeProxy", "Starting", "Starting service-reconciler.")
+    recorder.record(node_ref(node), "Normal", "Starting", "StartKubeProxy", "")  # (kube-proxy's birth cry)
+    if healthz is not None:
+        healthz.on_error = lambda exc: recorder.record(node_ref(node), "Warning", "FailedToStartProxierHealthcheck",
+                                                       "StartKubeProxy", f"failed to start proxier healthz: {exc}")
     if service_health is not None:
         def failed(service: str, message: str) -> None:
             namespace, _, name = service.partition("/")

@@ -256,11 +256,13 @@ class HTTPServerThread:
 class RetryingListener:
     """A server started at once or, while its address cannot be bound, retried every `interval`
     seconds in a background thread (kube-proxy's wait.Until(serve, 5s) for its healthz and
-    metrics servers); each new failure message is logged once."""
+    metrics servers); each new failure message is logged once. `on_error` (if set) is told of
+    every failed attempt (the run loop records kube-proxy's FailedToStartProxierHealthcheck)."""
 
     def __init__(self, start: Callable[[], HTTPServerThread | None], interval: float) -> None:
         self._start = start
         self.interval = interval
+        self.on_error: Callable[[BindError], None] | None = None
         self.server: HTTPServerThread | None = None
         self._error: str | None = None
         self._stop = threading.Event()
@@ -283,6 +285,8 @@ class RetryingListener:
             if str(exc) != self._error:
                 log.error("%s%s", exc, f"; retrying every {self.interval:g}s" if retry else "")
                 self._error = str(exc)
+            if self.on_error is not None:
+                self.on_error(exc)
             return False
         if server is not None:
             log.info("serving %s on %s", server.what, server.address, extra={"fields": {"address": server.address}})

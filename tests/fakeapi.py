@@ -13,6 +13,7 @@ import base64
 import copy
 import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -319,6 +320,10 @@ class _Handler(BaseHTTPRequestHandler):
                                 "regarding") if not body.get(f)]
         if body.get("type") not in ("Normal", "Warning"):
             problems.append("type")
+        if not re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)", str(body.get("eventTime"))):
+            problems.append("eventTime")  # (metav1.MicroTime: RFC 3339 with exactly six fraction digits)
+        if len(body.get("reportingInstance", "")) > 128:
+            problems.append("reportingInstance")
         if len(body.get("note", "")) > 1024 or meta.get("namespace", namespace) != namespace or not meta.get("name"):
             problems.append("note/metadata")
         if problems:

@@ -978,7 +978,7 @@ def test_kubernetes_source_end_to_end_in_a_netns(netns: str, tmp_path: Path) -> 
         api.delete("EndpointSlice", "default", "web-1")
         assert wait_until(lambda: "10.96.0.10" not in nft_table(netns), timeout=10), log_path.read_text()
         assert "10.96.0.11" in nft_table(netns)
-        # kube-proxy's Events: StartKubeProxy on the Node; a healthCheckNodePort already in use:
+        # kube-proxy's Events: Starting on the Node; a healthCheckNodePort already in use:
         # FailedToStartServiceHealthcheck on its Service, once however many syncs retry it
         blocker = start_in_netns(netns, lambda: socket.create_server(("0.0.0.0", 32100)))
         try:
@@ -1001,9 +1001,9 @@ def test_kubernetes_source_end_to_end_in_a_netns(netns: str, tmp_path: Path) -> 
         assert event["regarding"] == {"apiVersion": "v1", "kind": "Service", "namespace": "default", "name": "lb"}
         assert (event["type"], event["action"], event["metadata"]["namespace"]) == ("Warning", "Listen", "default")
         assert event["note"].startswith('node node-a failed to start healthcheck "default/lb" on port 32100: ')
-        [start] = [e for e in api.recorded_events if e["reason"] == "StartKubeProxy"]
+        [start] = [e for e in api.recorded_events if e["reason"] == "Starting"]
         assert start["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"}
-        assert (start["type"], start["action"], start["metadata"]["namespace"]) == ("Normal", "Starting", "default")
+        assert (start["type"], start["action"], start["metadata"]["namespace"]) == ("Normal", "StartKubeProxy", "default")
         # /healthz from inside the namespace: the node exists, so eligible
         probe = subprocess.run(
             ["ip", "netns", "exec", netns, sys.executable, "-c",
