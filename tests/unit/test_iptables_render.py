@@ -421,7 +421,7 @@ def test_local_policies_without_local_endpoints_drop():
     assert specs(m, ENDPOINTS_CHECK, table="filter") == [f"-d 10.96.0.11/32 -p tcp {C(itp.id)} -m tcp --dport 80 -j DROP"]
     # a nodePort on any local address, as kube-proxy's KUBE-EXTERNAL-SERVICES (not only --nodeport-addresses)
     assert specs(m, EXTERNAL_CHECK, table="filter") == [
-        f"-p tcp {C(web.id)} -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j DROP"]
+        f"! -d 127.0.0.0/8 -p tcp {C(web.id)} -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j DROP"]
     narrowed = render(build(objs, nodeport_cidrs=("192.168.1.0/24",)))
     assert specs(narrowed, EXTERNAL_CHECK, table="filter") == specs(m, EXTERNAL_CHECK, table="filter")
     # pods and the node itself still reach the remote endpoint through the nodePort

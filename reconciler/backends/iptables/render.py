@@ -340,10 +340,10 @@ class _Builder:
             if ext:
                 self.nodeports.append(Rule(NODEPORTS, ("-p", proto, *_comment(sid), *_port_match(proto, sp.nodePort),
                                                        "-j", ext)))
-            if external.verdict != "forward":  # on any local address, as kube-proxy's (not
-                # only --nodeport-addresses': a nodePort without endpoints is refused everywhere)
+            if external.verdict != "forward":  # on any local address but loopback (where no nodePort
+                # is served: as nftables mode), as kube-proxy's, not only on --nodeport-addresses'
                 self.no_endpoint_nodeports.append(Rule(EXTERNAL_CHECK, (
-                    "-p", proto, *_comment(sid), "-m", "addrtype", "--dst-type", "LOCAL",
+                    "!", "-d", self.fam.loopback, "-p", proto, *_comment(sid), "-m", "addrtype", "--dst-type", "LOCAL",
                     *_port_match(proto, sp.nodePort), *self._verdict(external))))
 
     def _verdict(self, path: TrafficPath) -> tuple[str, ...]:
