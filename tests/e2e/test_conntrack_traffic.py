@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -75,6 +76,9 @@ def packets(lab: Lab, sport: int) -> int:
 
 @pytest.fixture(scope="module", params=["nftables", "iptables"])
 def state(lab: Lab, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Applied]:
+    # (a fresh kernel may not have loaded nf_conntrack yet: its sysctls appear with it)
+    if shutil.which("modprobe"):
+        subprocess.run(["modprobe", "nf_conntrack"], capture_output=True, timeout=20, check=False)
     lab.sysctl("node", "net.netfilter.nf_conntrack_acct", 1)  # entries count their packets from now on
     yield Applied(str(tmp_path_factory.mktemp("conntrack")), request.param)
     reconciler(lab, "cleanup", "--mode", request.param, check=False)
