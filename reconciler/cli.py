@@ -99,9 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a manifest directory (watched) or 'kubernetes' (list+watch the API)")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: the file's "
                                                            "clientConnection.kubeconfig, else in-cluster)")
-    p.add_argument("--sync-period", metavar="DURATION", help="full resync period; it reads the kernel back only when the ruleset "
-                        "generation moved, and at least hourly (default 30s)")
-    p.add_argument("--min-sync-period", metavar="DURATION", help="least time from a sync's end to the next sync's start (default 1s)")
+    p.add_argument("--sync-period", metavar="DURATION",
+                   help="full resync period; it reads the kernel back only when the ruleset generation moved, "
+                        "and at least hourly (default 30s)")
+    p.add_argument("--min-sync-period", metavar="DURATION",
+                   help="least time from a sync's end to the next sync's start (default 1s)")
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
     p.add_argument("--metrics-bind-address", metavar="HOST:PORT", help="/metrics (default 127.0.0.1:10249)")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")

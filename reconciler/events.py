@@ -1,6 +1,7 @@
 """Kubernetes Events, as kube-proxy records them (events.k8s.io/v1), when the source is the API.
 
-kube-proxy records two: `Starting` (action `StartKubeProxy`) on its Node when it starts, and
+kube-proxy's: `Starting` (action `StartKubeProxy`) on its Node when it starts,
+`FailedToStartProxierHealthcheck` on it while /healthz cannot listen, and
 `FailedToStartServiceHealthcheck` on a Service whose healthCheckNodePort cannot be opened. They are
 sent by a background thread (never holding up a sync), as client-go's recorder sends them: a full
 queue drops them, a send the server could not take (no connection, 429, 5xx) is tried up to
@@ -35,6 +36,7 @@ class SendError(Exception):
     def __init__(self, message: str, retry: bool) -> None:
         super().__init__(message)
         self.retry = retry
+
 
 Sender = Callable[[str, dict[str, Any]], None]  # (namespace, Event body) -> create it, or raise
 
@@ -79,7 +81,7 @@ class EventRecorder:
         self._clock = clock
         self._stopping = threading.Event()
         self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue(QUEUE_SIZE)
-        self._sent: dict[tuple[Any, ...], float] = {}  # isomorphic key -> when first sent
+        self._sent: dict[tuple[Any, ...], float] = {}  # isomorphic key -> when it last occurred
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.sent = 0  # (tests) events created

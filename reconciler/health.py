@@ -472,12 +472,11 @@ class ServiceHealthServers:
     the next sync."""
 
     def __init__(self, proxy_healthy: Callable[[], bool],
-                 hosts: Callable[[], Sequence[str]] | Sequence[str] | None = None, node: str = "",
-                 on_failure: Callable[[str, str], None] | None = None) -> None:
+                 hosts: Callable[[], Sequence[str]] | Sequence[str] | None = None, node: str = "") -> None:
         self.proxy_healthy = proxy_healthy
         self._hosts = hosts
         self.node = node
-        self.on_failure = on_failure
+        self.on_failure: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._entries: dict[str, _ServiceEntry] = {}
 

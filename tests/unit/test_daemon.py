@@ -1003,7 +1003,8 @@ def test_kubernetes_source_end_to_end_in_a_netns(netns: str, tmp_path: Path) -> 
         assert event["note"].startswith('node node-a failed to start healthcheck "default/lb" on port 32100: ')
         [start] = [e for e in api.recorded_events if e["reason"] == "Starting"]
         assert start["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a", "uid": "node-a"}
-        assert (start["type"], start["action"], start["metadata"]["namespace"]) == ("Normal", "StartKubeProxy", "default")
+        assert (start["type"], start["action"], start["metadata"]["namespace"]) == (
+            "Normal", "StartKubeProxy", "default")
         # /healthz from inside the namespace: the node exists, so eligible
         probe = subprocess.run(
             ["ip", "netns", "exec", netns, sys.executable, "-c",

@@ -75,6 +75,7 @@ SERVICE_CHAIN_PREFIXES = (SVC_PREFIX, EXT_PREFIX, FW_PREFIX, SEP_PREFIX)
 MAX_CHAIN_NAME = 28
 HASH_LEN = MAX_CHAIN_NAME - len(SVC_PREFIX)  # 13 base32 characters = 65 bits
 MASQ_MARK = "0x4000"
+LOCAL_DST = ("-m", "addrtype", "--dst-type", "LOCAL")  # a local destination address
 JUMP_COMMENT = "service-reconciler"  # every jump rule we put into a built-in chain starts with this
 
 Args = tuple[str, ...]
@@ -343,7 +344,7 @@ class _Builder:
             if external.verdict != "forward":  # on any local address but loopback (where no nodePort
                 # is served: as nftables mode), as kube-proxy's, not only on --nodeport-addresses'
                 self.no_endpoint_nodeports.append(Rule(EXTERNAL_CHECK, (
-                    "!", "-d", self.fam.loopback, "-p", proto, *_comment(sid), "-m", "addrtype", "--dst-type", "LOCAL",
+                    "!", "-d", self.fam.loopback, "-p", proto, *_comment(sid), *LOCAL_DST,
                     *_port_match(proto, sp.nodePort), *self._verdict(external))))
 
     def _verdict(self, path: TrafficPath) -> tuple[str, ...]:
@@ -451,13 +452,12 @@ class _Builder:
 
     def _nodeport_matches(self) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
         """(header args, match args) pairs, one rule each, that select local nodePort destinations."""
-        local = ("-m", "addrtype", "--dst-type", "LOCAL")
         cidrs = self.opts.nodePortCIDRs
         if cidrs is None:
-            return [(("!", "-d", self.fam.loopback), local)]
+            return [(("!", "-d", self.fam.loopback), LOCAL_DST)]
         # a CIDR holding loopback (0.0.0.0/1) without it: NodePorts are never served there
         not_loopback = ("-m", "iprange", "!", "--dst-range", self.fam.loopback_range)
-        return [(("-d", cidr(c)), (*(not_loopback if holds_loopback(c) else ()), *local)) for c in cidrs]
+        return [(("-d", cidr(c)), (*(not_loopback if holds_loopback(c) else ()), *LOCAL_DST)) for c in cidrs]
 
     def freeze(self) -> None:
         """A finished fragment: its chains as Rule tuples, made once and shared by every render."""
