@@ -174,9 +174,14 @@ def _load_yaml(text: str, share_keys: bool = False) -> list[Any]:
 
 def _expand(doc: Any, at: Path = ()) -> Iterable[tuple[Path, Any]]:
     """Yield (path within the document, object) for a document or a kind: List (Lists inside
-    Lists too)."""
-    if isinstance(doc, dict) and str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list):
+    Lists too). The items of a typed list (ServiceList, ...) as the API serves it have no
+    apiVersion or kind of their own: they are the list's (kind without "List")."""
+    kind = doc.get("kind") if isinstance(doc, dict) else None
+    if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+        typed = kind[:-len("List")] if kind != "List" else None
         for i, item in enumerate(doc["items"]):
+            if typed and isinstance(item, dict) and "kind" not in item and "apiVersion" not in item:
+                item = {"apiVersion": doc.get("apiVersion"), "kind": typed, **item}
             yield from _expand(item, (*at, "items", i))
     else:
         yield at, doc

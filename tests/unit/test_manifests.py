@@ -9,6 +9,8 @@ import time
 import pytest
 from helpers import STATE_DIR
 
+from reconciler.config import Options
+from reconciler.desired import build_desired_state
 from reconciler.sources.manifests import load_directory
 from reconciler.sources.objects import InputErrors
 
@@ -51,6 +53,25 @@ def test_formats_lists_nested_dirs_and_other_files(tmp_path):
     result = load_directory(tmp_path)
     assert sorted(o.name for o in result.objects) == ["a", "b", "c"]
     assert all(o.namespace == "default" for o in result.objects)
+
+
+def test_typed_list_items_take_the_list_s_kind(tmp_path):
+    """`kubectl get --raw /api/v1/services` (or the API via curl) serves a ServiceList whose items
+    carry no apiVersion or kind: they are Services all the same, with their places in the file."""
+    items = [{"metadata": {"name": "raw", "namespace": "shop"}, "spec": {"clusterIP": "10.96.0.9", "ports": [{"port": 80}]}},
+             {"metadata": {"name": "bad"}, "spec": {"clusterIP": "10.96.0.8", "ports": [{"port": "x"}]}}]
+    write(tmp_path, "svcs.yaml", "apiVersion: v1\nkind: ServiceList\nmetadata: {}\nitems:\n"
+          + "".join("- " + json.dumps(i) + "\n" for i in items))
+    write(tmp_path, "eps.json", json.dumps({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSliceList",
+                                            "items": [{"metadata": {"name": "raw-1", "namespace": "shop"},
+                                                       "addressType": "IPv4", "endpoints": []}]}))
+    result = load_directory(tmp_path)
+    assert sorted((o.kind, o.namespace, o.name) for o in result.objects) == [
+        ("EndpointSlice", "shop", "raw-1"), ("Service", "default", "bad"), ("Service", "shop", "raw")]
+    assert result.warnings == []
+    with pytest.raises(InputErrors) as exc:  # the fields of an item are found at their lines
+        build_desired_state(result.objects, Options(node_name="n").build_options())
+    assert "svcs.yaml:6:" in str(exc.value) and "port" in str(exc.value)
 
 
 def test_unknown_kind_is_a_warning_with_place(tmp_path):
