@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -125,6 +126,12 @@ def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClien
     cfg = kubernetes.client.Configuration()
     if kubeconfig is None:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
+        host = os.environ.get("KUBERNETES_SERVICE_HOST")
+        if host and host == os.environ.get("KUBERNETES_PORT_443_TCP_ADDR"):  # (the kubelet sets both so)
+            log.warning("reaching the API server through the `kubernetes` Service's ClusterIP %s, which this "
+                        "proxy programs itself: a node without its rules (new, or rebooted) cannot reach it; "
+                        "set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to the API server's own "
+                        "address (deploy/kubernetes/configmap.yaml), or give a kubeconfig", host)
     else:
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     return kubernetes.client.ApiClient(cfg)

@@ -460,7 +460,8 @@ current-context: fake
         src.stop()
 
 
-def test_load_api_client_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_api_client_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    caplog: pytest.LogCaptureFixture) -> None:
     token, ca = tmp_path / "token", tmp_path / "ca.crt"
     token.write_text("sa-token")
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
@@ -468,6 +469,16 @@ def test_load_api_client_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    api = load_api_client(None)
+    monkeypatch.setenv("KUBERNETES_PORT_443_TCP_ADDR", "10.96.0.1")  # as the kubelet sets it
+    with caplog.at_level("WARNING"):
+        api = load_api_client(None)
     assert api.configuration.host == "https://10.96.0.1:443"
     assert api.configuration.ssl_ca_cert == str(ca)
+    # through the ClusterIP this proxy programs: told, with the fix
+    assert "ClusterIP 10.96.0.1" in caplog.text and "KUBERNETES_SERVICE_HOST" in caplog.text
+    caplog.clear()
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "192.0.2.10")  # the API server's own address
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
+    with caplog.at_level("WARNING"):
+        assert load_api_client(None).configuration.host == "https://192.0.2.10:6443"
+    assert caplog.text == ""
