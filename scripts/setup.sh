@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
 
 need=()
-for tool in nft:nftables iptables:iptables conntrack:conntrack ipvsadm:ipvsadm ip:iproute2 sysctl:procps; do
+for tool in nft:nftables iptables:iptables conntrack:conntrack ip:iproute2 sysctl:procps; do
   command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool##*:}")
 done
 if ! command -v python3 >/dev/null 2>&1; then

@@ -37,6 +37,7 @@ NAME = "service-reconciler"
 IMAGE = "ghcr.io/service-reconciler/service-reconciler:0.1.0"
 CONFIG_PATH = "/var/lib/reconciler/config.conf"
 HEALTHZ_PORT = 10256
+HEALTHZ_PORT_NAME = "healthz"
 SYSCTL_MOUNT = "/host/proc/sys/net/netfilter"
 
 # `reconciler run` flags (the CLI contract the manifests and units rely on).
@@ -243,7 +244,8 @@ def test_namespaced_objects_live_in_kube_system():
 
 def test_daemonset_pod_basics(daemonset, pod_spec, container):
     assert pod_spec["hostNetwork"] is True
-    assert pod_spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    # the node's resolver: cluster DNS answers through the rules this pod programs
+    assert pod_spec["dnsPolicy"] == "Default"
     assert pod_spec["priorityClassName"] == "system-node-critical"
     assert {"operator": "Exists"} in pod_spec["tolerations"]
     assert pod_spec["serviceAccountName"] == _one("ServiceAccount")["metadata"]["name"]
@@ -263,7 +265,7 @@ def test_daemonset_security_context(container, pod_spec):
     sc = container["securityContext"]
     assert sc.get("privileged") is False
     assert sc.get("allowPrivilegeEscalation") is False
-    assert {"NET_ADMIN", "NET_RAW"} <= set(sc["capabilities"]["add"])
+    assert {"NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE"} <= set(sc["capabilities"]["add"])
     assert "SYS_ADMIN" not in sc["capabilities"]["add"]
     assert pod_spec.get("securityContext", {}).get("privileged") is not True
 
@@ -287,13 +289,27 @@ def test_daemonset_args_and_env(container):
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
 
+def test_api_server_address_is_required_from_the_config_map(container):
+    """In-cluster config would reach the API server through the `kubernetes` ClusterIP, which
+    this pod programs: a node with no rules yet could never connect. Both variables come from
+    keys of our ConfigMap, not optional (the pod does not start without them)."""
+    env = {e["name"]: e for e in container["env"]}
+    cm = _one("ConfigMap")["metadata"]["name"]
+    for name in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+        ref = env[name]["valueFrom"]["configMapKeyRef"]
+        assert ref == {"name": cm, "key": name}, name  # (optional unset: required)
+    text = (K8S_DIR / "configmap.yaml").read_text()
+    assert "# KUBERNETES_SERVICE_HOST:" in text and "# KUBERNETES_SERVICE_PORT:" in text  # to be set
+
+
 def test_daemonset_probes(container):
     live = container["livenessProbe"]["httpGet"]
     ready = container["readinessProbe"]["httpGet"]
-    assert (live["path"], live["port"]) == ("/livez", HEALTHZ_PORT)
-    assert (ready["path"], ready["port"]) == ("/healthz", HEALTHZ_PORT)
-    ports = {p["containerPort"] for p in container.get("ports", [])}
-    assert HEALTHZ_PORT in ports
+    assert (live["path"], live["port"]) == ("/livez", HEALTHZ_PORT_NAME)
+    # /healthz answers 503 for a node being deleted or drained: no reason to be unready
+    assert (ready["path"], ready["port"]) == ("/livez", HEALTHZ_PORT_NAME)
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    assert ports[HEALTHZ_PORT_NAME] == HEALTHZ_PORT
 
 
 def test_daemonset_resources(container):
@@ -445,7 +461,7 @@ def test_systemd_unit():
     assert _value(unit, svc, "ProtectSystem") == "strict"
     assert "/run" in _value(unit, svc, "ReadWritePaths").split()
     caps = set(_value(unit, svc, "AmbientCapabilities").split())
-    assert caps == {"CAP_NET_ADMIN", "CAP_NET_RAW"}
+    assert caps == {"CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_NET_BIND_SERVICE"}
     assert set(_value(unit, svc, "CapabilityBoundingSet").split()) == caps
     assert _value(unit, "Install", "WantedBy") == "multi-user.target"
 
@@ -507,7 +523,7 @@ def test_containerfile():
     for line in apt:
         assert "--no-install-recommends" in line and "-y" in line
         assert "rm -rf /var/lib/apt/lists/*" in line
-        for pkg in ("nftables", "iptables", "ipvsadm", "conntrack", "iproute2"):
+        for pkg in ("nftables", "iptables", "conntrack", "iproute2"):
             assert re.search(rf"\b{pkg}\b", line), pkg
     assert "DEBIAN_FRONTEND=noninteractive" in text
     # Never copy the whole context (it contains .venv and .git).
