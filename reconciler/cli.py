@@ -37,7 +37,8 @@ def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, 
                        help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
     p.add_argument("--config", metavar="FILE",
                    help="a kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1; its nftables: "
-                        "or iptables: section, that of the mode run, is read); flags win over it")
+                        "or iptables: section, that of the mode run, is read); flags win over it; run exits 1 when "
+                        "the file's content changes, to be started again with it")
     p.add_argument("--mode", choices=MODES, help="kernel backend (default: the file's mode, else nftables)")
     p.add_argument("--node-name", help="this node's name (default: the file's hostnameOverride, else the hostname)")
     p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",

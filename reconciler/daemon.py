@@ -20,7 +20,9 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
   a full one;
 * at start, before the first sync, the conntrack sysctls are set as kube-proxy sets them
   (conntrack_sysctls.py; if nf_conntrack is not loaded yet, after the first sync, which loads it);
-* SIGTERM/SIGINT: the current transaction finishes, the kernel state stays, exit 0.
+* SIGTERM/SIGINT: the current transaction finishes, the kernel state stays, exit 0;
+* the --config file's content changed: the same, but exit 1, to be started again with it
+  (kube-proxy's way: its settings are read once).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any, Callable, Iterable, Protocol
 from . import conntrack, conntrack_sysctls, gcpolicy
 from .backends.base import KernelError
 from .config import Options
+from .config_watch import ConfigFileWatch
 from .desired import BuildCache, build_desired_state
 from .drift import DriftCheck
 from .events import EventRecorder, Sender, api_sender, node_ref, service_ref
@@ -636,8 +639,9 @@ def nodeport_hosts(desired: DesiredState | None) -> list[str]:
 
 
 def run(args: argparse.Namespace, opts: Options) -> int:
-    """`reconciler run`: returns the exit code (0 after SIGTERM/SIGINT). (It never describes a
-    plan in service terms, see Planned.count_services: deepdiff is not loaded, ~10 MiB.)"""
+    """`reconciler run`: returns the exit code (0 after SIGTERM/SIGINT, 1 when the --config file
+    changed). (It never describes a plan in service terms, see Planned.count_services: deepdiff
+    is not loaded, ~10 MiB.)"""
     from .backends import get_backend
 
     setup_logging(getattr(args, "log_format", "text") or "text", bool(getattr(args, "verbose", False)))
@@ -658,6 +662,8 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     recorder: EventRecorder | None = None
     stop = threading.Event()
     saved_handlers: dict[int, Any] = {}
+    config_changed = threading.Event()
+    config_watch: ConfigFileWatch | None = None
     try:
         if args.source == "kubernetes":  # (its API client first: the Events of the listeners below)
             source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
@@ -670,6 +676,13 @@ def run(args: argparse.Namespace, opts: Options) -> int:
             return 1
         daemon.source = source
         saved_handlers = _install_signal_handlers(stop, daemon)
+        if getattr(args, "config", None):
+            def exit_for_new_config() -> None:
+                config_changed.set()
+                stop.set()
+                daemon.wake()
+            config_watch = ConfigFileWatch(args.config, exit_for_new_config)
+            config_watch.start()
         source.start()
         log.info("service-reconciler running: mode %s, node %s, source %s, sync period %gs, min sync period %gs",
                  opts.mode, opts.node_name, args.source, opts.sync_period, opts.min_sync_period,
@@ -680,11 +693,13 @@ def run(args: argparse.Namespace, opts: Options) -> int:
             daemon.after_first_sync = lambda: conntrack_sysctls.tune(opts)
         daemon.run_forever(stop)
         log.info("stopping; kernel state left in place")
-        return 0
+        return 1 if config_changed.is_set() else 0
     except (InputError, ValueError) as exc:
         log.error("%s", exc)
         return 1
     finally:
+        if config_watch is not None:
+            config_watch.stop()
         if source is not None:
             source.stop()
         if daemon.service_health is not None:

@@ -1129,6 +1129,41 @@ def test_run_with_bind_address_hard_fail_exits_1(tmp_path: Path) -> None:
     assert f"healthz: cannot listen on 127.0.0.1:{port}: Address already in use\n" in out
 
 
+def test_run_exits_1_when_its_config_file_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As kube-proxy: its settings are read once, so a new --config content ends the process (after
+    the sync in progress), for the kubelet or systemd to start it again with them."""
+    import reconciler.backends as backends_mod
+    import reconciler.config_watch as config_watch_mod
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    config = tmp_path / "config.conf"
+    config.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n")
+    backend = FakeBackend()
+    monkeypatch.setattr(backends_mod, "get_backend", lambda mode: backend)
+    monkeypatch.setattr(config_watch_mod, "CHECK_SECONDS", 0.05)
+    result: dict[str, tuple[int, str]] = {}
+    t = threading.Thread(target=lambda: result.update(run=_run_in_process(
+        ["run", "--source", str(tmp_path / "state"), "--node-name", "node-a", "--config", str(config),
+         "--healthz-bind-address", "", "--metrics-bind-address", ""])), daemon=True)
+    t.start()
+    try:
+        assert wait_until(lambda: backend.applies, timeout=10)
+        time.sleep(0.2)
+        assert t.is_alive()  # (the file as it was: running on)
+        config.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+                          "mode: iptables\n")
+        t.join(10)
+    finally:
+        config.write_text("unreadable: [")  # (had it not exited: ends it all the same)
+        t.join(10)
+    assert not t.is_alive()
+    code, out = result["run"]
+    assert code == 1, out
+    assert f"the configuration file {config} changed: exiting, to be started again with it" in out
+    assert list(backend.kernel) == ["default/a:http/TCP"]  # the kernel state stays
+
+
 NF_HOST = {"nf_conntrack_max": 262144, "nf_conntrack_buckets": 65536, "nf_conntrack_tcp_timeout_established": 432000,
            "nf_conntrack_tcp_timeout_close_wait": 60}
 
