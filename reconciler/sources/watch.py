@@ -4,6 +4,17 @@ The watcher thread only records which paths changed and calls `on_change`; the d
 then calls `snapshot()`, which re-reads just the files that were added or modified (by event,
 or because their stat signature changed: that also catches ConfigMap-style symlink swaps and
 missed events) and drops the deleted ones. Everything else comes from the cache.
+
+Writers that change several files at once are given the time to finish:
+* a change is handed on once the directory has been quiet for STEP_MS (at most DEBOUNCE_MS
+  into a continuous burst);
+* while git holds its index lock (a checkout, pull or merge writing the work tree),
+  snapshot() waits for it, up to LOCK_WAIT_SECONDS (a lock left behind by a crashed git is
+  then warned about once and no longer waited for);
+* hidden paths (.git, an editor's .swp) wake no one; `..`-prefixed ones do (a ConfigMap
+  volume's `..data` swap);
+* the root itself is followed when it is replaced (`git-sync --link` swapping a symlink,
+  `rm -rf` + a new clone): the watch starts again on what the path now names.
 """
 
 from __future__ import annotations
@@ -21,6 +32,13 @@ from .objects import InputError, SourceObject
 log = logging.getLogger(__name__)
 
 Signature = tuple[int, int, int, int]
+Identity = tuple[str, int, int]  # the root's real path, st_dev, st_ino
+
+STEP_MS = 20  # quiet time before a change is handed on (watchfiles' step)
+DEBOUNCE_MS = 1600  # the most a continuous burst is held for (watchfiles' debounce)
+ROOT_CHECK_MS = 1000  # how often, with no events, the root's identity is checked
+LOCK_WAIT_SECONDS = 10.0
+LOCK_POLL_SECONDS = 0.05
 
 
 @dataclass
@@ -55,8 +73,42 @@ def _signature(path: str) -> Signature | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_dev)
 
 
+_REMOVED: Identity = ("", -1, -1)  # the watched root was removed: whatever is there next is new
+
+
 def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split(os.sep))
+
+
+def _identity(path: str) -> Identity | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (os.path.realpath(path), st.st_dev, st.st_ino)
+
+
+def _git_dir(root: str) -> str | None:
+    """The git directory of the work tree `root` is in, if any (`.git` a folder, or a file
+    naming one, as in worktrees and submodules)."""
+    folder = os.path.realpath(root)
+    while True:
+        dot_git = os.path.join(folder, ".git")
+        if os.path.isdir(dot_git):
+            return dot_git
+        if os.path.isfile(dot_git):
+            try:
+                with open(dot_git, encoding="utf-8") as fh:
+                    line = fh.readline().strip()
+            except OSError:
+                return None
+            if line.startswith("gitdir:"):
+                return os.path.join(folder, line[len("gitdir:"):].strip())
+            return None
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
 
 
 class DirectorySource:
@@ -66,11 +118,15 @@ class DirectorySource:
     deltas = True  # snapshot(objects=False) + added_objects/removed_objects: O(changes)
 
     def __init__(self, root: str, on_change: Callable[[], None] | None = None, *,
-                 debounce_ms: int = 50, step_ms: int = 10, force_polling: bool | None = None) -> None:
+                 debounce_ms: int = DEBOUNCE_MS, step_ms: int = STEP_MS, root_check_ms: int = ROOT_CHECK_MS,
+                 lock_wait: float = LOCK_WAIT_SECONDS, force_polling: bool | None = None) -> None:
         self.root = os.path.abspath(root)
         self._on_change = on_change
         self._debounce = debounce_ms
         self._step = step_ms
+        self._root_check = root_check_ms
+        self._lock_wait = lock_wait
+        self._stale_lock: tuple[int, int] | None = None  # (st_ino, st_mtime_ns) of a lock given up on
         self._force_polling = force_polling
         self._lock = threading.Lock()
         self._cache: dict[str, _Entry] = {}
@@ -122,28 +178,60 @@ class DirectorySource:
 
     # -- watching ------------------------------------------------------------------------
 
+    def _visible(self, _change: object, path: str) -> bool:
+        """watchfiles' filter: no hidden path under the root, but `..` ones (a ConfigMap's swap)."""
+        rel = path[len(self.root) + 1:] if path.startswith(self.root + os.sep) else ""
+        return not any(part.startswith(".") and not part.startswith("..") for part in rel.split(os.sep))
+
     def _watch(self) -> None:
         import watchfiles
 
+        watched: Identity | None = None  # what the path named when the current watch began
         while not self._stop.is_set():
+            now = _identity(self.root)
+            if now is None or not os.path.isdir(self.root):
+                self._stop.wait(self._root_check / 1000)  # gone: wait for it to come back
+                continue
+            if watched is not None and now != watched:
+                log.info("%s now is %s: watching it", self.root, now[0])
+                self._mark_root_dirty()
+            watched = now
             try:
-                for changes in watchfiles.watch(self.root, watch_filter=None, debounce=self._debounce,
-                                                step=self._step, stop_event=self._stop, rust_timeout=1000,
+                for changes in watchfiles.watch(self.root, watch_filter=self._visible, debounce=self._debounce,
+                                                step=self._step, stop_event=self._stop,
+                                                rust_timeout=self._root_check, yield_on_timeout=True,
                                                 raise_interrupt=False, force_polling=self._force_polling):
-                    paths = {os.path.abspath(p) for _, p in changes}
-                    log.debug("manifest changes: %s", sorted(f"{c.name} {p}" for c, p in changes))
-                    with self._lock:
-                        self._dirty |= paths
-                    self._notify()
+                    if changes:
+                        paths = {os.path.abspath(p) for _, p in changes}
+                        log.debug("manifest changes: %s", sorted(f"{c.name} {p}" for c, p in changes))
+                        with self._lock:
+                            self._dirty |= paths
+                        self._notify()
+                        if (watchfiles.Change.deleted, self.root) in changes:
+                            watched = _REMOVED  # (a new one may already be there, even with its inode)
+                            break
+                    if _identity(self.root) != watched:
+                        break  # replaced or gone: the watch still follows the old directory
             except Exception as exc:  # noqa: BLE001 - e.g. the directory vanished: retry
                 if self._stop.is_set():
                     break
-                self.failures += 1
-                log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
-                with self._lock:
-                    self._dirty.add(self.root)
-                self._notify()
-                self._stop.wait(1.0)
+                if _identity(self.root) == watched:  # (not because the root was replaced)
+                    self.failures += 1
+                    log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
+                    self._mark_root_dirty()
+                    self._stop.wait(1.0)
+                    continue
+            if self._stop.is_set():
+                break
+            if _identity(self.root) is None:
+                log.info("%s is gone; waiting for it to come back", self.root)
+                self._mark_root_dirty()
+                watched = _REMOVED  # (what comes back may have the same inode: still a new one)
+
+    def _mark_root_dirty(self) -> None:
+        with self._lock:
+            self._dirty.add(self.root)
+        self._notify()
 
     def _notify(self) -> None:
         if self._on_change is not None:
@@ -185,6 +273,7 @@ class DirectorySource:
         When the watcher named only manifest files, only those are checked: the cost follows the
         change, not the tree. Otherwise (start, periodic resync, directories) the tree is walked.
         """
+        self._wait_for_git()  # (before taking the changes: those made meanwhile come too)
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
@@ -270,6 +359,32 @@ class DirectorySource:
             snap.objects = all_objects()
         snap.errors.extend(self._duplicates(all_objects, check, old_entries))
         return snap
+
+    def _wait_for_git(self) -> None:
+        """While git holds the index lock of the work tree the root is in, it is writing files:
+        wait, up to lock_wait (polling), then read anyway. A lock held that long was probably
+        left by a crashed git: warned about once, and not waited for again."""
+        git_dir = _git_dir(self.root)
+        if git_dir is None:
+            return
+        lock = os.path.join(git_dir, "index.lock")
+        waited = 0.0
+        while True:
+            try:
+                st = os.stat(lock)
+            except OSError:
+                return
+            held = (st.st_ino, st.st_mtime_ns)
+            if held == self._stale_lock:
+                return
+            if waited >= self._lock_wait:
+                self._stale_lock = held
+                log.warning("%s has been held for %gs (a git that crashed?): reading %s anyway; "
+                            "remove the lock if no git runs there", lock, self._lock_wait, self.root)
+                return
+            if self._stop.wait(LOCK_POLL_SECONDS):
+                return
+            waited += LOCK_POLL_SECONDS
 
     def _duplicates(self, all_objects: Callable[[], list[SourceObject]], check: set[str] | None,
                     old_entries: dict[str, _Entry | None]) -> list[InputError]:

@@ -1,0 +1,184 @@
+"""The watched directory gives writers time to finish and follows its root when it is replaced.
+
+Real files and a real watchfiles watcher (inotify); every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from reconciler.sources.watch import DirectorySource
+
+SVC = """apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {ip}
+  ports: [{{name: http, port: 80, protocol: TCP}}]
+"""
+
+
+def svc(path: Path, name: str, ip: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SVC.format(name=name, ip=ip))
+
+
+def names(src: DirectorySource) -> list[str]:
+    return sorted(o.name for o in src.snapshot().objects)
+
+
+def started(src: DirectorySource) -> DirectorySource:
+    src.snapshot()
+    src.start()
+    time.sleep(0.2)  # let the watcher settle
+    return src
+
+
+def test_snapshot_waits_while_git_holds_the_index_lock(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    src = DirectorySource(str(tmp_path), lock_wait=10.0)
+    assert names(src) == ["a"]
+    lock = tmp_path / ".git" / "index.lock"
+    lock.write_text("")  # a checkout begins: one file written, the next not yet
+    svc(tmp_path / "b.yaml", "b", "10.96.0.11")
+    result: list[list[str]] = []
+    reader = threading.Thread(target=lambda: result.append(names(src)))
+    reader.start()
+    try:
+        reader.join(0.5)
+        assert reader.is_alive(), "read the work tree while git was writing it"
+        svc(tmp_path / "c.yaml", "c", "10.96.0.12")
+    finally:
+        lock.unlink()  # the checkout ends
+        reader.join(5)
+    assert result == [["a", "b", "c"]]
+
+
+def test_the_lock_of_the_work_tree_above_the_root_counts_too(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index.lock").write_text("")
+    svc(tmp_path / "services" / "a.yaml", "a", "10.96.0.10")
+    src = DirectorySource(str(tmp_path / "services"), lock_wait=0.3)
+    t0 = time.monotonic()
+    assert names(src) == ["a"]
+    assert time.monotonic() - t0 >= 0.3
+
+
+def test_a_stale_lock_is_warned_about_once_and_then_not_waited_for(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index.lock").write_text("")
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    src = DirectorySource(str(tmp_path), lock_wait=1.0)
+    with caplog.at_level(logging.WARNING, logger="reconciler.sources.watch"):
+        t0 = time.monotonic()
+        assert names(src) == ["a"]
+        first = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert names(src) == ["a"]
+        second = time.monotonic() - t0
+    assert first >= 1.0 and second < 0.5
+    warned = [r.getMessage() for r in caplog.records if "index.lock" in r.getMessage()]
+    assert len(warned) == 1 and "remove the lock" in warned[0]
+
+
+def test_git_s_own_files_and_editor_swap_files_wake_no_one(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    svc(tmp_path / "a" / "b" / "web.yaml", "web", "10.96.0.10")
+    events = threading.Event()
+    src = started(DirectorySource(str(tmp_path), events.set))
+    try:
+        events.clear()
+        (tmp_path / ".git" / "FETCH_HEAD").write_text("0" * 40 + "\n")
+        (tmp_path / ".git" / "objects").mkdir()
+        (tmp_path / "a" / ".web.yaml.swp").write_bytes(b"\0" * 64)
+        assert not events.wait(0.6), "a hidden path woke the reconciler"
+        svc(tmp_path / "a" / "b" / "web.yaml", "web", "10.96.0.20")
+        assert events.wait(5), "a manifest change did not"
+    finally:
+        src.stop()
+
+
+def test_a_config_map_volume_s_data_swap_wakes_it(tmp_path: Path) -> None:
+    """kubelet's atomic writer: ..<timestamp>/ holds the files, ..data links to it, the visible
+    names link into ..data; an update makes a new ..<timestamp> and renames a new ..data link
+    over the old one. Only `..`-prefixed paths change."""
+    svc(tmp_path / "..2026_12_03_01" / "web.yaml", "web", "10.96.0.10")
+    os.symlink("..2026_12_03_01", tmp_path / "..data")
+    os.symlink("..data/web.yaml", tmp_path / "web.yaml")
+    events = threading.Event()
+    src = started(DirectorySource(str(tmp_path), events.set))
+    try:
+        assert src.snapshot().objects[0].body["spec"]["clusterIP"] == "10.96.0.10"
+        events.clear()
+        svc(tmp_path / "..2026_12_03_02" / "web.yaml", "web", "10.96.0.20")
+        os.symlink("..2026_12_03_02", tmp_path / "..data_tmp")
+        os.rename(tmp_path / "..data_tmp", tmp_path / "..data")
+        shutil.rmtree(tmp_path / "..2026_12_03_01")
+        assert events.wait(5), "the ..data swap woke no one"
+        assert src.snapshot().objects[0].body["spec"]["clusterIP"] == "10.96.0.20"
+    finally:
+        src.stop()
+
+
+def wait_for(src: DirectorySource, events: threading.Event, want: list[str]) -> list[str]:
+    """Snapshots after each wake-up until the objects are `want` (bounded: 5 s). Only after a
+    wake-up: an idle snapshot walks the whole tree, which would hide a watch that went deaf."""
+    deadline = time.monotonic() + 5
+    got: list[str] = []
+    while time.monotonic() < deadline:
+        if not events.wait(max(0.0, deadline - time.monotonic())):
+            break
+        events.clear()
+        got = names(src)
+        if got == want:
+            break
+    return got
+
+
+def test_a_symlinked_root_is_followed_when_the_link_is_swapped(tmp_path: Path) -> None:
+    """git-sync --link: the root is a symlink to a worktree, swapped to a new one on every sync,
+    and the old worktree removed."""
+    svc(tmp_path / "rev1" / "a.yaml", "a", "10.96.0.10")
+    os.symlink("rev1", tmp_path / "current")
+    events = threading.Event()
+    src = started(DirectorySource(str(tmp_path / "current"), events.set, root_check_ms=200))
+    try:
+        svc(tmp_path / "rev2" / "b.yaml", "b", "10.96.0.11")
+        os.symlink("rev2", tmp_path / "tmp-link")
+        os.rename(tmp_path / "tmp-link", tmp_path / "current")
+        assert wait_for(src, events, ["b"]) == ["b"]
+        shutil.rmtree(tmp_path / "rev1")
+        svc(tmp_path / "rev2" / "c.yaml", "c", "10.96.0.12")  # seen: the new target is watched
+        assert wait_for(src, events, ["b", "c"]) == ["b", "c"]
+        assert src.failures == 0
+    finally:
+        src.stop()
+
+
+def test_a_root_removed_and_made_again_is_followed(tmp_path: Path) -> None:
+    root = tmp_path / "state"
+    svc(root / "a.yaml", "a", "10.96.0.10")
+    events = threading.Event()
+    src = started(DirectorySource(str(root), events.set, root_check_ms=200))
+    try:
+        shutil.rmtree(root)
+        assert events.wait(5), "the root's removal woke no one"
+        events.clear()
+        errors = src.snapshot().errors
+        assert errors and "no such directory" in str(errors[0])
+        svc(root / "b.yaml", "b", "10.96.0.11")  # a fresh clone (often with the old inode)
+        assert wait_for(src, events, ["b"]) == ["b"]
+        svc(root / "c.yaml", "c", "10.96.0.12")  # seen: the new directory is watched
+        assert wait_for(src, events, ["b", "c"]) == ["b", "c"]
+        assert src.failures == 0
+    finally:
+        src.stop()
