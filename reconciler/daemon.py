@@ -14,7 +14,8 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
   operations found although the kernel should still be as we left it are drift: logged
   ("repaired drift: N operations"), counted, repaired;
 * invalid input never removes what is programmed: from a directory the last good DesiredState
-  is kept whole, from the API invalid objects are skipped one by one (as kube-proxy does); the
+  is kept whole (before there is one, on a kernel without our objects, the files without errors
+  are programmed), from the API invalid objects are skipped one by one (as kube-proxy does); the
   errors are logged with their place and counted, /healthz says degraded;
 * kernel errors are logged and counted; the next sync (at the latest one sync-period later) is
   a full one;
@@ -52,7 +53,7 @@ from .health import (
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
-from .sources.objects import InputError, InputErrors, SourceObject
+from .sources.objects import InputError, InputErrors, Location, SourceObject
 from .sources.watch import DirectorySource, Snapshot
 from .state import DesiredState
 
@@ -246,6 +247,7 @@ class Daemon:
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
+        self._kernel_holds_ours: bool | None = None  # (unknown until needed, see _may_start_...)
         self.after_first_sync: Callable[[], Any] | None = None  # called once, after the first applied sync
         self.syncs: list[SyncReport] = []  # recent reports (tests, debugging)
 
@@ -352,11 +354,25 @@ class Daemon:
         errors: list[InputError] = list(snap.errors)
         desired = None
         excluded: list[str] = []
+        skipped: list[InputError] = []
+
+        def first_start() -> bool:
+            return self._may_start_without_bad_files(snap)
+
+        if errors and first_start():
+            skipped, errors = errors, []
         if not errors:
-            desired, errors, excluded = self._build(snap)
+            desired, errors, excluded = self._build(snap, first_start)
+        errors = [*skipped, *errors]
         if errors and desired is None:
             self._input_failed([str(e) for e in errors])
             return
+        if self._source_has_deltas and errors:
+            bad = sorted({e.location.origin if isinstance(e.location, Location) else str(e.location) for e in errors})
+            log.warning("nothing of ours is programmed yet: starting without the objects of %d manifest file(s) "
+                        "with errors (%s); further changes wait until the directory is valid as a whole",
+                        len(bad), ", ".join(bad))
+            excluded = bad
         for w in [*snap.warnings, *desired.warnings]:  # type: ignore[union-attr]
             if w not in self._input.warnings:
                 log.warning("%s", w)
@@ -374,8 +390,28 @@ class Daemon:
         self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
         self.desired = desired
         release = getattr(self.source, "release_bodies", None)
-        if release is not None:
+        if release is not None and self._pending.added:
+            release(keep=self._pending.added)  # (those held back are not built: see _build)
+        elif release is not None:
             release()  # the build cache has all it needs from them
+
+    def _may_start_without_bad_files(self, snap: Snapshot) -> bool:
+        """A directory with errors keeps the last good state whole; before there is one (a
+        node's first start, a reboot: the kernel holds nothing of ours, in any mode), its files
+        without errors are applied rather than nothing. A process restarted on a programmed
+        kernel leaves that as it is. The kernel is looked at once per process."""
+        if self.desired is not None or not self._source_has_deltas:
+            return False
+        if snap.errors and not getattr(snap, "skippable", False):
+            return False  # (duplicates: which one is meant cannot be told)
+        if self._kernel_holds_ours is None:
+            try:
+                ours = self.backend.cleanup(look_first=True)
+                self._kernel_holds_ours = bool(ours) or bool(other_mode_leftovers(self.backend.mode, look_first=True))
+            except Exception as exc:  # noqa: BLE001 - unknown: keep the kernel as it is
+                log.warning("could not tell whether the kernel holds our objects: %s", exc)
+                return False
+        return not self._kernel_holds_ours
 
     @property
     def _source_has_deltas(self) -> bool:
@@ -392,18 +428,35 @@ class Daemon:
             return snap
         return self.source.snapshot()
 
-    def _build(self, snap: Snapshot) -> tuple[DesiredState | None, list[InputError], list[str]]:
+    def _build(self, snap: Snapshot, first_start: Callable[[], bool] = lambda: False
+               ) -> tuple[DesiredState | None, list[InputError], list[str]]:
         """Build the desired state; from the API, objects named by errors are dropped and the
-        build retried, from a directory any error rejects the whole input."""
+        build retried, from a directory any error rejects the whole input (but on a first start,
+        see _may_start_without_bad_files, where the objects of the files named by errors are
+        held back, and stay pending, not built, for the next build to try again)."""
         opts = self.opts.build_options()
         if self._source_has_deltas:
-            try:
-                desired = self._build_cache.update(self._pending.added.values(), self._pending.removed.values(), opts)
-            except (InputErrors, InputError) as exc:
-                return None, exc.errors if isinstance(exc, InputErrors) else [exc], []
-            self._pending = _PendingChanges()
-            self._set_pending_changes()
-            return desired, [], []
+            held: dict[int, SourceObject] = {}
+            all_errors: list[InputError] = []
+            for _ in range(5):
+                added = [o for i, o in self._pending.added.items() if i not in held]
+                try:
+                    desired = self._build_cache.update(added, self._pending.removed.values(), opts)
+                except (InputErrors, InputError) as exc:
+                    errors = exc.errors if isinstance(exc, InputErrors) else [exc]
+                    all_errors.extend(errors)
+                    files = {e.location.origin for e in errors if isinstance(e.location, Location)}
+                    bad = {i: o for i, o in self._pending.added.items()
+                           if i not in held and o.location.origin in files}
+                    if not bad or not first_start():
+                        return None, all_errors, []
+                    held.update(bad)
+                    continue
+                self._pending = _PendingChanges()
+                self._pending.added = held
+                self._set_pending_changes()
+                return desired, all_errors, []
+            return None, all_errors, []
         objects = snap.objects
         excluded: list[str] = []
         all_errors: list[InputError] = []

@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Container, Iterable
 
 from .manifests import SUFFIXES, LoadResult, duplicate_errors, load_file, manifest_files
 from .objects import InputError, SourceObject
@@ -63,6 +63,9 @@ class Snapshot:
     # what changed since the previous snapshot (None when the source cannot tell)
     added_objects: list[SourceObject] | None = None
     removed_objects: list[SourceObject] | None = None
+    # every error is a file that could not be read, whose objects are left out: the rest is a
+    # consistent input (not so with duplicates, or with the directory itself gone)
+    skippable: bool = False
 
 
 def _signature(path: str) -> Signature | None:
@@ -167,13 +170,16 @@ class DirectorySource:
                         return dict(o.body)
         return None
 
-    def release_bodies(self) -> None:
+    def release_bodies(self, keep: Container[int] = ()) -> None:
         """The caller has built every object of the last snapshot (desired.BuildCache keeps what
         it parsed, keyed by object identity): drop the bodies of the Services and EndpointSlices
-        read since the last call. O(objects read since then). Node bodies stay (see node())."""
+        read since the last call, but those whose id() is in `keep` (not built yet). O(objects
+        read since then). Node bodies stay (see node())."""
         released, self._unreleased = self._unreleased, []
         for obj in released:
-            if obj.kind != "Node":
+            if id(obj) in keep:
+                self._unreleased.append(obj)
+            elif obj.kind != "Node":
                 obj.release_body()
 
     # -- watching ------------------------------------------------------------------------
@@ -357,7 +363,9 @@ class DirectorySource:
 
         if objects:
             snap.objects = all_objects()
-        snap.errors.extend(self._duplicates(all_objects, check, old_entries))
+        duplicates = self._duplicates(all_objects, check, old_entries)
+        snap.skippable = bool(snap.errors) and not duplicates
+        snap.errors.extend(duplicates)
         return snap
 
     def _wait_for_git(self) -> None:

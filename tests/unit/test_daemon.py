@@ -75,6 +75,7 @@ class FakeBackend:
         self.fail: Exception | None = None
         self.gen = generation
         self.names_commits = True
+        self.cleanup_calls = 0
 
     def generation(self) -> int | None:
         return self.gen
@@ -127,6 +128,10 @@ class FakeBackend:
 
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items()}
+
+    def cleanup(self, look_first: bool = False) -> list[Operation]:
+        self.cleanup_calls += 1
+        return [Operation("-", "service", sid, f"delete {sid}", sid) for sid in sorted(self.kernel)]
 
 
 class FakeSource:
@@ -850,6 +855,77 @@ def test_daemon_with_directory_source(tmp_path: Path) -> None:
     clock.advance(2)
     d.step()
     assert backend.kernel == {}  # an empty (valid) directory does remove everything
+
+
+def test_first_start_on_a_kernel_without_our_objects_programs_the_readable_files(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
+    clock = FakeClock()
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    assert list(backend.kernel) == ["default/a:http/TCP"]  # rather than nothing
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:10:5: spec.ports[0].port")
+    first = dict(backend.kernel)
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=81))
+    d.notify()
+    clock.advance(2)
+    d.step()  # once there is a last good state, it stays whole while a file has errors
+    assert backend.kernel == first
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:10:5: spec.ports[0].port")
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert sorted(backend.kernel) == ["default/a:http/TCP", "default/b:http/TCP"]
+    assert d.desired is not None and sorted(s.port for s in d.desired.services) == [80, 81]
+    assert d.health.body(True)[1].get("lastError") in (None, "")
+    assert backend.cleanup_calls == 1
+
+
+def test_first_start_leaves_out_a_file_that_does_not_parse(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "b.yaml").write_text("kind: [")
+    clock = FakeClock()
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert sorted(backend.kernel) == ["default/a:http/TCP", "default/b:http/TCP"]
+
+
+def test_a_restart_on_a_programmed_kernel_leaves_it_whole_while_a_file_is_unreadable(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
+    clock = FakeClock()
+    backend = FakeBackend()
+    backend.kernel = {"default/a:http/TCP": "before", "default/b:http/TCP": "before"}  # the last process's
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    d.notify()
+    clock.advance(2)
+    d.step()
+    assert backend.kernel == {"default/a:http/TCP": "before", "default/b:http/TCP": "before"}
+    assert backend.applies == [] and backend.cleanup_calls == 1  # looked at once
+
+
+def test_first_start_with_duplicates_programs_nothing(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.11", port=80))
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()  # which of the two is meant cannot be told: nothing is
+    assert backend.kernel == {} and backend.applies == []
+    assert "duplicate Service default/a" in d.health.body(True)[1]["lastError"]
 
 
 # ------------------------------------------------------------------------------------ logging
