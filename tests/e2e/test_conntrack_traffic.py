@@ -80,6 +80,9 @@ def state(lab: Lab, tmp_path_factory: pytest.TempPathFactory, request: pytest.Fi
     if shutil.which("modprobe"):
         subprocess.run(["modprobe", "nf_conntrack"], capture_output=True, timeout=20, check=False)
     lab.sysctl("node", "net.netfilter.nf_conntrack_acct", 1)  # entries count their packets from now on
+    # the other mode's run left UDP flows to the same service IPs: a new flow whose random source
+    # port met one of them would follow it, not the rules under test
+    lab.exec("node", ["conntrack", "-F"], check=False)
     yield Applied(str(tmp_path_factory.mktemp("conntrack")), request.param)
     reconciler(lab, "cleanup", "--mode", request.param, check=False)
 
