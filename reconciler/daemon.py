@@ -53,7 +53,7 @@ from .health import (
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
-from .sources.objects import InputError, InputErrors, Location, SourceObject
+from .sources.objects import InputConflict, InputError, InputErrors, Location, SourceObject
 from .sources.watch import DirectorySource, Snapshot
 from .state import DesiredState
 
@@ -409,8 +409,8 @@ class Daemon:
                 ours = self.backend.cleanup(look_first=True)
                 self._kernel_holds_ours = bool(ours) or bool(other_mode_leftovers(self.backend.mode, look_first=True))
             except Exception as exc:  # noqa: BLE001 - unknown: keep the kernel as it is
-                log.warning("could not tell whether the kernel holds our objects: %s", exc)
-                return False
+                log.warning("could not tell whether the kernel holds our objects (%s): taking it that it does", exc)
+                self._kernel_holds_ours = True
         return not self._kernel_holds_ours
 
     @property
@@ -445,11 +445,13 @@ class Daemon:
                 except (InputErrors, InputError) as exc:
                     errors = exc.errors if isinstance(exc, InputErrors) else [exc]
                     all_errors.extend(errors)
+                    if any(isinstance(e, InputConflict) for e in errors):
+                        return None, all_errors, []  # (which side is meant cannot be told)
                     files = {e.location.origin for e in errors if isinstance(e.location, Location)}
                     bad = {i: o for i, o in self._pending.added.items()
                            if i not in held and o.location.origin in files}
-                    if not bad or not first_start():
-                        return None, all_errors, []
+                    if not bad or any(o.kind == "Node" and o.name == self.opts.node_name for o in bad.values()) or not first_start():
+                        return None, all_errors, []  # (without this node's Node: wider NodePorts)
                     held.update(bad)
                     continue
                 self._pending = _PendingChanges()
@@ -716,25 +718,27 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     stop = threading.Event()
     saved_handlers: dict[int, Any] = {}
     config_changed = threading.Event()
-    config_watch: ConfigFileWatch | None = None
+
+    def exit_for_new_config() -> None:
+        config_changed.set()
+        stop.set()
+        daemon.wake()
+
+    # (made now, holding the file's content as read moments ago: an edit from here on counts)
+    config_watch = ConfigFileWatch(args.config, exit_for_new_config) if getattr(args, "config", None) else None
     try:
         if args.source == "kubernetes":  # (its API client first: the Events of the listeners below)
             source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
             recorder = start_events(api_sender(source.client), opts.node_name, daemon.service_health, listeners[0])
         else:
-            source = DirectorySource(args.source, daemon.notify)
+            source = DirectorySource(args.source, daemon.notify, stop_event=stop)
         hard_fail = opts.bind_address_hard_fail
         started = [listener.start(retry=not hard_fail) for listener in listeners]
         if hard_fail and not all(started):
             return 1
         daemon.source = source
         saved_handlers = _install_signal_handlers(stop, daemon)
-        if getattr(args, "config", None):
-            def exit_for_new_config() -> None:
-                config_changed.set()
-                stop.set()
-                daemon.wake()
-            config_watch = ConfigFileWatch(args.config, exit_for_new_config)
+        if config_watch is not None:
             config_watch.start()
         source.start()
         log.info("service-reconciler running: mode %s, node %s, source %s, sync period %gs, min sync period %gs",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from sys import intern
 from typing import Any, Callable, Iterable
 
-from .sources.objects import InputError, InputErrors, Path, SourceObject, format_path
+from .sources.objects import InputConflict, InputError, InputErrors, Path, SourceObject, format_path
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
     ServicePortFamily, TrafficPath,
@@ -885,8 +885,8 @@ class BuildCache:
                         what = (f"nodePort {k[1]}/{k[0]}" if len(k) == 2 else
                                 f"{f'[{k[0]}]' if ':' in k[0] else k[0]}:{k[2]}/{k[1]}")
                         field = "nodePort" if len(k) == 2 else "port"
-                        errors.append(InputError(services[key][0].where(("spec", "ports", i, field)),
-                                                 f"{what} already used by {owners[k]}", ("spec", "ports", i, field)))
+                        errors.append(InputConflict(services[key][0].where(("spec", "ports", i, field)),
+                                                    f"{what} already used by {owners[k]}", ("spec", "ports", i, field)))
                     owners.setdefault(k, sp.id)
         if errors:
             raise InputErrors(errors)

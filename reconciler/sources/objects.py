@@ -86,6 +86,11 @@ class InputError(Exception):
         super().__init__(f"{where}: {field_part}{message}")
 
 
+class InputConflict(InputError):
+    """Bad input that two objects make together (one ClusterIP and port, or one nodePort, for
+    two Services): which of them is meant cannot be told from either."""
+
+
 class InputErrors(Exception):
     """Several InputErrors collected from one pass over the input."""
 

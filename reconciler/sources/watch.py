@@ -122,7 +122,8 @@ class DirectorySource:
 
     def __init__(self, root: str, on_change: Callable[[], None] | None = None, *,
                  debounce_ms: int = DEBOUNCE_MS, step_ms: int = STEP_MS, root_check_ms: int = ROOT_CHECK_MS,
-                 lock_wait: float = LOCK_WAIT_SECONDS, force_polling: bool | None = None) -> None:
+                 lock_wait: float = LOCK_WAIT_SECONDS, force_polling: bool | None = None,
+                 stop_event: threading.Event | None = None) -> None:
         self.root = os.path.abspath(root)
         self._on_change = on_change
         self._debounce = debounce_ms
@@ -134,7 +135,7 @@ class DirectorySource:
         self._lock = threading.Lock()
         self._cache: dict[str, _Entry] = {}
         self._dirty: set[str] = set()
-        self._stop = threading.Event()
+        self._stop = stop_event or threading.Event()  # (the caller's: it ends a wait for git too)
         self._thread: threading.Thread | None = None
         self._first = True
         self._files: set[str] | None = None  # manifest files as of the last snapshot
@@ -257,7 +258,10 @@ class DirectorySource:
             rel = os.path.relpath(path, self.root)
             if rel == "." or rel.startswith(".."):
                 return False
-            if any(part.startswith(".") for part in rel.split(os.sep)):
+            parts = rel.split(os.sep)
+            if any(part.startswith("..") for part in parts):
+                return False  # a ConfigMap volume's ..data swap (anywhere): what its links name changed
+            if any(part.startswith(".") for part in parts):
                 continue  # hidden: never read (an editor's temporary file, a .git folder)
             if path in self._dirs or os.path.isdir(path):
                 return False  # a folder: new, or one that held manifests (gone, renamed, replaced);
@@ -279,11 +283,13 @@ class DirectorySource:
         When the watcher named only manifest files, only those are checked: the cost follows the
         change, not the tree. Otherwise (start, periodic resync, directories) the tree is walked.
         """
-        self._wait_for_git()  # (before taking the changes: those made meanwhile come too)
+        # (before taking the changes: those made meanwhile come too; after a wait, the tree is
+        # walked: the watcher may still hold back the events of git's last writes)
+        waited = self._wait_for_git()
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
-        if self._only_files(dirty):
+        if not waited and self._only_files(dirty):
             assert self._files is not None
             check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(os.path.relpath(p, self.root))}
             present = {p for p in check if os.path.isfile(p)}
@@ -368,30 +374,32 @@ class DirectorySource:
         snap.errors.extend(duplicates)
         return snap
 
-    def _wait_for_git(self) -> None:
-        """While git holds the index lock of the work tree the root is in, it is writing files:
-        wait, up to lock_wait (polling), then read anyway. A lock held that long was probably
-        left by a crashed git: warned about once, and not waited for again."""
+    def _wait_for_git(self) -> bool:
+        """While git holds the index lock of the work tree the root is in, it may be writing
+        files: wait, up to lock_wait (polling; a stop ends it), then read anyway. A lock held
+        that long (a long git command, or one that crashed) is warned about once, and not
+        waited for again. True when it waited."""
         git_dir = _git_dir(self.root)
         if git_dir is None:
-            return
+            return False
         lock = os.path.join(git_dir, "index.lock")
         waited = 0.0
         while True:
             try:
                 st = os.stat(lock)
             except OSError:
-                return
+                return waited > 0
             held = (st.st_ino, st.st_mtime_ns)
             if held == self._stale_lock:
-                return
+                return waited > 0
             if waited >= self._lock_wait:
                 self._stale_lock = held
-                log.warning("%s has been held for %gs (a git that crashed?): reading %s anyway; "
-                            "remove the lock if no git runs there", lock, self._lock_wait, self.root)
-                return
+                log.warning("%s has been held for %gs (a long git command, or one that crashed): reading %s "
+                            "anyway, and not waiting for this lock again; if no git runs there, remove it",
+                            lock, self._lock_wait, self.root)
+                return True
             if self._stop.wait(LOCK_POLL_SECONDS):
-                return
+                return True
             waited += LOCK_POLL_SECONDS
 
     def _duplicates(self, all_objects: Callable[[], list[SourceObject]], check: set[str] | None,

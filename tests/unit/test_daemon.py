@@ -917,6 +917,33 @@ def test_a_restart_on_a_programmed_kernel_leaves_it_whole_while_a_file_is_unread
     assert backend.applies == [] and backend.cleanup_calls == 1  # looked at once
 
 
+def test_first_start_with_two_files_claiming_one_cluster_ip_and_port_programs_nothing(tmp_path: Path) -> None:
+    """Which of the two is meant cannot be told: the error names the one whose name sorts later,
+    which may well be the old, working one."""
+    (tmp_path / "old.yaml").write_text(SVC_YAML.format(name="zzz", ip="10.96.0.10", port=80))
+    (tmp_path / "new.yaml").write_text(SVC_YAML.format(name="aaa", ip="10.96.0.10", port=80))
+    (tmp_path / "other.yaml").write_text(SVC_YAML.format(name="other", ip="10.96.0.11", port=80))
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    assert backend.kernel == {} and backend.applies == []
+    assert "already used by default/aaa:http" in d.health.body(True)[1]["lastError"]
+
+
+def test_first_start_with_this_node_s_node_in_a_bad_file_programs_nothing(tmp_path: Path) -> None:
+    """Without its addresses `nodePortAddresses: [primary]` would open NodePorts on every
+    address, and without its zone label topology hints go astray."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "node.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: [1]\n")
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    d.step()
+    assert backend.kernel == {} and backend.applies == []
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/node.yaml:")
+
+
 def test_first_start_with_duplicates_programs_nothing(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.11", port=80))

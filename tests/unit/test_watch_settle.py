@@ -87,7 +87,39 @@ def test_a_stale_lock_is_warned_about_once_and_then_not_waited_for(
         second = time.monotonic() - t0
     assert first >= 1.0 and second < 0.5
     warned = [r.getMessage() for r in caplog.records if "index.lock" in r.getMessage()]
-    assert len(warned) == 1 and "remove the lock" in warned[0]
+    assert len(warned) == 1 and "not waiting for this lock again" in warned[0]
+
+
+def test_after_waiting_for_git_the_whole_tree_is_compared(tmp_path: Path) -> None:
+    """The watcher may still hold back the events of git's last writes when the lock goes: the
+    files it did not name yet are found all the same."""
+    (tmp_path / ".git").mkdir()
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    svc(tmp_path / "b.yaml", "b", "10.96.0.11")
+    src = DirectorySource(str(tmp_path))
+    src.snapshot()
+    lock = tmp_path / ".git" / "index.lock"
+    lock.write_text("")
+    svc(tmp_path / "a.yaml", "a", "10.96.0.20")
+    svc(tmp_path / "b.yaml", "b", "10.96.0.210")  # (its event not handed on yet)
+    src._dirty = {str(tmp_path / "a.yaml")}
+    threading.Timer(0.2, lock.unlink).start()
+    ips = {o.name: o.body["spec"]["clusterIP"] for o in src.snapshot().objects}
+    assert ips == {"a": "10.96.0.20", "b": "10.96.0.210"}
+
+
+def test_a_stop_ends_the_wait_for_git(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index.lock").write_text("")
+    stop = threading.Event()
+    src = DirectorySource(str(tmp_path), lock_wait=30.0, stop_event=stop)
+    reader = threading.Thread(target=src.snapshot)
+    reader.start()
+    reader.join(0.3)
+    assert reader.is_alive()
+    stop.set()  # SIGTERM, or the --config file changed
+    reader.join(5)
+    assert not reader.is_alive()
 
 
 def test_git_s_own_files_and_editor_swap_files_wake_no_one(tmp_path: Path) -> None:
@@ -124,6 +156,26 @@ def test_a_config_map_volume_s_data_swap_wakes_it(tmp_path: Path) -> None:
         os.rename(tmp_path / "..data_tmp", tmp_path / "..data")
         shutil.rmtree(tmp_path / "..2026_12_03_01")
         assert events.wait(5), "the ..data swap woke no one"
+        assert src.snapshot().objects[0].body["spec"]["clusterIP"] == "10.96.0.20"
+    finally:
+        src.stop()
+
+
+def test_a_config_map_volume_in_a_subfolder_is_read_again_on_its_swap(tmp_path: Path) -> None:
+    cm = tmp_path / "edge"
+    svc(cm / "..2026_12_03_01" / "web.yaml", "web", "10.96.0.10")
+    os.symlink("..2026_12_03_01", cm / "..data")
+    os.symlink("..data/web.yaml", cm / "web.yaml")
+    events = threading.Event()
+    src = started(DirectorySource(str(tmp_path), events.set))
+    try:
+        events.clear()
+        svc(cm / "..2026_12_03_02" / "web.yaml", "web", "10.96.0.20")
+        os.symlink("..2026_12_03_02", cm / "..data_tmp")
+        os.rename(cm / "..data_tmp", cm / "..data")
+        shutil.rmtree(cm / "..2026_12_03_01")
+        assert events.wait(5), "the ..data swap woke no one"
+        time.sleep(0.1)  # (the rest of the swap's events)
         assert src.snapshot().objects[0].body["spec"]["clusterIP"] == "10.96.0.20"
     finally:
         src.stop()
