@@ -37,6 +37,7 @@ Identity = tuple[str, int, int]  # the root's real path, st_dev, st_ino
 STEP_MS = 20  # quiet time before a change is handed on (watchfiles' step)
 DEBOUNCE_MS = 1600  # the most a continuous burst is held for (watchfiles' debounce)
 ROOT_CHECK_MS = 1000  # how often, with no events, the root's identity is checked
+POLL_DELAY_MS = 300  # when inotify cannot be used (its limits reached): how often the tree is scanned
 LOCK_WAIT_SECONDS = 10.0
 LOCK_POLL_SECONDS = 0.05
 
@@ -207,7 +208,8 @@ class DirectorySource:
                 for changes in watchfiles.watch(self.root, watch_filter=self._visible, debounce=self._debounce,
                                                 step=self._step, stop_event=self._stop,
                                                 rust_timeout=self._root_check, yield_on_timeout=True,
-                                                raise_interrupt=False, force_polling=self._force_polling):
+                                                raise_interrupt=False, force_polling=self._force_polling,
+                                                poll_delay_ms=POLL_DELAY_MS):
                     if changes:
                         paths = {os.path.abspath(p) for _, p in changes}
                         log.debug("manifest changes: %s", sorted(f"{c.name} {p}" for c, p in changes))
@@ -224,7 +226,12 @@ class DirectorySource:
                     break
                 if _identity(self.root) == watched:  # (not because the root was replaced)
                     self.failures += 1
-                    log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
+                    if not self._force_polling:  # (inotify's limits: watches, instances)
+                        log.warning("watching %s with inotify failed: %s; polling it every %d ms instead",
+                                    self.root, exc, POLL_DELAY_MS)
+                        self._force_polling = True
+                    else:
+                        log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
                     self._mark_root_dirty()
                     self._stop.wait(1.0)
                     continue

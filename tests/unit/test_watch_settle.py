@@ -234,3 +234,32 @@ def test_a_root_removed_and_made_again_is_followed(tmp_path: Path) -> None:
         assert src.failures == 0
     finally:
         src.stop()
+
+
+def test_when_inotify_fails_the_directory_is_polled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inotify's limits (max_user_watches, max_user_instances) reached: watchfiles raises; the
+    watcher goes on by polling rather than retrying inotify for ever."""
+    import watchfiles
+
+    real = watchfiles.watch
+
+    def inotify_exhausted(*paths, **kwargs):  # type: ignore[no-untyped-def]
+        if not kwargs.get("force_polling"):
+            raise OSError("OS file watch limit reached")
+        return real(*paths, **kwargs)
+
+    monkeypatch.setattr(watchfiles, "watch", inotify_exhausted)
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    events = threading.Event()
+    src = DirectorySource(str(tmp_path), events.set)
+    src.snapshot()
+    src.start()
+    try:
+        assert events.wait(5)  # (the failure itself: the tree is looked at again)
+        time.sleep(1.5)  # (the polling watch starts after a second)
+        events.clear()
+        svc(tmp_path / "b.yaml", "b", "10.96.0.11")
+        assert events.wait(5), "the polling watch saw nothing"
+        assert names(src) == ["a", "b"] and src.failures == 1
+    finally:
+        src.stop()
