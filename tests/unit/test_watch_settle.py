@@ -263,3 +263,53 @@ def test_when_inotify_fails_the_directory_is_polled(tmp_path: Path, monkeypatch:
         assert names(src) == ["a", "b"] and src.failures == 1
     finally:
         src.stop()
+
+
+def git(cwd: Path, *args: str) -> None:
+    import subprocess
+
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main",
+                    *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def test_a_git_pull_is_read_whole(tmp_path: Path) -> None:
+    """The edge flow: a clone that `git pull --ff-only` brings forward, watched while a reader
+    snapshots on every wake-up, as the run loop does. No snapshot mixes the two commits."""
+    upstream, clone = tmp_path / "upstream", tmp_path / "clone"
+    upstream.mkdir()
+    git(upstream, "init", "-q")
+    files = 2000
+
+    def commit(version: int) -> None:
+        for i in range(files):
+            svc(upstream / "svcs" / f"s{i:03}.yaml", f"s{i}", f"10.96.{version}.{i % 250}")
+        git(upstream, "add", "-A")
+        git(upstream, "commit", "-qm", f"v{version}")
+
+    commit(1)
+    git(tmp_path, "clone", "-q", str(upstream), str(clone))
+    commit(2)
+    events = threading.Event()
+    src = started(DirectorySource(str(clone), events.set))
+    seen: list[set[str]] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            if events.wait(0.05):
+                events.clear()
+                seen.append({o.body["spec"]["clusterIP"].split(".")[2] for o in src.snapshot().objects})
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        git(clone, "pull", "-q", "--ff-only")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not seen or seen[-1] != {"2"}):
+            time.sleep(0.05)
+    finally:
+        done.set()
+        thread.join(5)
+        src.stop()
+    assert seen and seen[-1] == {"2"}
+    assert all(len(versions) == 1 for versions in seen), [sorted(v) for v in seen]
