@@ -27,18 +27,19 @@ DESCRIPTION = """\
 Reconcile Kubernetes Services and EndpointSlices into kernel load-balancing state (kube-proxy's job).
 
 Exit codes: 0 success (plan: the kernel already matches), 1 error (bad input or usage, a kernel
-tool failed, apply did not converge), 2 (plan only) changes pending.
+tool failed, apply did not converge; run: also its --config file changed), 2 (plan only) changes
+pending.
 """
 
 
-def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, ...] = ()) -> None:
+def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, ...] = (),
+            config_note: str = "") -> None:
     if source:
         p.add_argument("--source", required=True, metavar="DIR",
                        help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
     p.add_argument("--config", metavar="FILE",
                    help="a kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1; its nftables: "
-                        "or iptables: section, that of the mode run, is read); flags win over it; run exits 1 when "
-                        "the file's content changes, to be started again with it")
+                        "or iptables: section, that of the mode run, is read); flags win over it" + config_note)
     p.add_argument("--mode", choices=MODES, help="kernel backend (default: the file's mode, else nftables)")
     p.add_argument("--node-name", help="this node's name (default: the file's hostnameOverride, else the hostname)")
     p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         "nothing else")
     _common(p, source=False)
     p = sub.add_parser("run", help="reconcile continuously from a directory or the Kubernetes API")
-    _common(p, source=False)
+    _common(p, source=False, config_note="; when its content changes, run exits 1, to be started again with it")
     p.add_argument("--source", required=True, metavar="DIR|kubernetes",
                    help="a manifest directory (watched) or 'kubernetes' (list+watch the API)")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --source kubernetes (default: the file's "

@@ -14,9 +14,9 @@ The loop (kube-proxy's BoundedFrequencyRunner, simplified):
   operations found although the kernel should still be as we left it are drift: logged
   ("repaired drift: N operations"), counted, repaired;
 * invalid input never removes what is programmed: from a directory the last good DesiredState
-  is kept whole (before there is one, on a kernel without our objects, the files without errors
-  are programmed), from the API invalid objects are skipped one by one (as kube-proxy does); the
-  errors are logged with their place and counted, /healthz says degraded;
+  is kept whole (before there is one, see Daemon._may_start_without_bad_files), from the API
+  invalid objects are skipped one by one (as kube-proxy does); the errors are logged with their
+  place and counted, /healthz says degraded;
 * kernel errors are logged and counted; the next sync (at the latest one sync-period later) is
   a full one;
 * at start, before the first sync, the conntrack sysctls are set as kube-proxy sets them
@@ -53,6 +53,7 @@ from .health import (
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
+from .sources.manifests import may_hold_a_node
 from .sources.objects import InputConflict, InputError, InputErrors, Location, SourceObject
 from .sources.watch import DirectorySource, Snapshot
 from .state import DesiredState
@@ -378,7 +379,8 @@ class Daemon:
                 log.warning("%s", w)
         self._input.warnings = {*snap.warnings, *desired.warnings}  # type: ignore[union-attr]
         if excluded:
-            # Kubernetes objects we cannot use are skipped one by one (like kube-proxy does)
+            # objects we cannot use are skipped: from the API one by one (like kube-proxy does),
+            # from a directory on a first start by file
             self._input_failed([str(e) for e in errors], kept=False)
         else:
             self._input_ok()
@@ -404,6 +406,8 @@ class Daemon:
             return False
         if snap.errors and not getattr(snap, "skippable", False):
             return False  # (duplicates: which one is meant cannot be told)
+        if any(may_hold_a_node(e.location.origin) for e in snap.errors if isinstance(e.location, Location)):
+            return False  # (this node's Node, perhaps: see _build)
         if self._kernel_holds_ours is None:
             try:
                 ours = self.backend.cleanup(look_first=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -99,6 +100,19 @@ def manifest_files(root: str | os.PathLike[str]) -> list[str]:
             if not name.startswith(".") and name.endswith(SUFFIXES):
                 out.append(os.path.join(dirpath, name))
     return out
+
+
+_NODE_KIND = re.compile(r"^[ \t-]*kind:[ \t]*[\"']?Node[\"']?[ \t]*(#.*)?$" r'|"kind"\s*:\s*"Node"', re.M)
+
+
+def may_hold_a_node(path: str) -> bool:
+    """Whether a file that does not parse may still hold a Node object (its text says
+    `kind: Node`), or cannot be read at all."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return _NODE_KIND.search(fh.read()) is not None
+    except OSError:
+        return True
 
 
 def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False) -> LoadResult:

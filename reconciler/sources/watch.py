@@ -19,6 +19,7 @@ Writers that change several files at once are given the time to finish:
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -90,6 +91,12 @@ def _identity(path: str) -> Identity | None:
     except OSError:
         return None
     return (os.path.realpath(path), st.st_dev, st.st_ino)
+
+
+def _inotify_exhausted(exc: Exception) -> bool:
+    """watchfiles' error when fs.inotify.max_user_watches or max_user_instances is reached."""
+    return isinstance(exc, OSError) and (exc.errno in (errno.ENOSPC, errno.EMFILE)
+                                         or "watch limit" in str(exc))
 
 
 def _git_dir(root: str) -> str | None:
@@ -200,7 +207,8 @@ class DirectorySource:
             if now is None or not os.path.isdir(self.root):
                 self._stop.wait(self._root_check / 1000)  # gone: wait for it to come back
                 continue
-            if watched is not None and now != watched:
+            anew = watched is not None and now != watched
+            if anew:
                 log.info("%s now is %s: watching it", self.root, now[0])
                 self._mark_root_dirty()
             watched = now
@@ -210,6 +218,9 @@ class DirectorySource:
                                                 rust_timeout=self._root_check, yield_on_timeout=True,
                                                 raise_interrupt=False, force_polling=self._force_polling,
                                                 poll_delay_ms=POLL_DELAY_MS):
+                    if anew:  # (what changed before this watch began is read too)
+                        anew = False
+                        self._mark_root_dirty()
                     if changes:
                         paths = {os.path.abspath(p) for _, p in changes}
                         log.debug("manifest changes: %s", sorted(f"{c.name} {p}" for c, p in changes))
@@ -226,13 +237,13 @@ class DirectorySource:
                     break
                 if _identity(self.root) == watched:  # (not because the root was replaced)
                     self.failures += 1
-                    if not self._force_polling:  # (inotify's limits: watches, instances)
+                    self._mark_root_dirty()
+                    if not self._force_polling and _inotify_exhausted(exc):
                         log.warning("watching %s with inotify failed: %s; polling it every %d ms instead",
                                     self.root, exc, POLL_DELAY_MS)
                         self._force_polling = True
-                    else:
-                        log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
-                    self._mark_root_dirty()
+                        continue
+                    log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
                     self._stop.wait(1.0)
                     continue
             if self._stop.is_set():

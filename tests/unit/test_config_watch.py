@@ -11,6 +11,14 @@ from reconciler.config_watch import ConfigFileWatch
 CONFIG = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n"
 
 
+def put(path: Path, text: str) -> None:
+    """Written whole and renamed into place (write_text empties the file first: a watch that
+    looks in between sees a change, rightly)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _watch(path: Path) -> tuple[ConfigFileWatch, threading.Event]:
     changed = threading.Event()
     watch = ConfigFileWatch(str(path), changed.set, period=0.02)
@@ -20,15 +28,15 @@ def _watch(path: Path) -> tuple[ConfigFileWatch, threading.Event]:
 
 def test_a_new_content_is_a_change_the_same_content_or_a_missing_file_is_not(tmp_path: Path) -> None:
     path = tmp_path / "config.conf"
-    path.write_text(CONFIG)
+    put(path, CONFIG)
     watch, changed = _watch(path)
     try:
-        path.write_text(CONFIG)  # rewritten as it was (a re-apply of the same ConfigMap)
+        put(path, CONFIG)  # rewritten as it was (a re-apply of the same ConfigMap)
         path.unlink()  # gone for a while (kube-proxy ignores a removal too)
         assert not changed.wait(0.3)
-        path.write_text(CONFIG)
+        put(path, CONFIG)
         assert not changed.wait(0.2)
-        path.write_text(CONFIG.replace("nftables", "iptables"))
+        put(path, CONFIG.replace("nftables", "iptables"))
         assert changed.wait(2)
     finally:
         watch.stop()

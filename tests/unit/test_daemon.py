@@ -931,17 +931,44 @@ def test_first_start_with_two_files_claiming_one_cluster_ip_and_port_programs_no
     assert "already used by default/aaa:http" in d.health.body(True)[1]["lastError"]
 
 
-def test_first_start_with_this_node_s_node_in_a_bad_file_programs_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("node_yaml", [
+    "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: [1]\n",  # read, but invalid
+    "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\nstatus: [\n",  # does not parse
+])
+def test_first_start_with_this_node_s_node_in_a_bad_file_programs_nothing(tmp_path: Path, node_yaml: str) -> None:
     """Without its addresses `nodePortAddresses: [primary]` would open NodePorts on every
     address, and without its zone label topology hints go astray."""
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
-    (tmp_path / "node.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: [1]\n")
+    (tmp_path / "node.yaml").write_text(node_yaml)
     backend = FakeBackend()
     d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
     d.source = DirectorySource(str(tmp_path), d.notify)
     d.step()
     assert backend.kernel == {} and backend.applies == []
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/node.yaml:")
+
+
+def test_first_start_when_the_kernel_cannot_be_looked_at_programs_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "b.yaml").write_text("kind: [")
+    clock = FakeClock()
+    backend = FakeBackend()
+
+    def broken(look_first: bool = False) -> list[Operation]:
+        backend.cleanup_calls += 1
+        raise KernelError("nft: no such file")
+
+    backend.cleanup = broken  # type: ignore[method-assign]
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
+    d.source = DirectorySource(str(tmp_path), d.notify)
+    with caplog.at_level(logging.WARNING, logger="reconciler.daemon"):
+        d.step()
+        d.notify()
+        clock.advance(2)
+        d.step()
+    assert backend.kernel == {} and backend.applies == [] and backend.cleanup_calls == 1
+    assert len([r for r in caplog.records if "could not tell whether the kernel" in r.getMessage()]) == 1
 
 
 def test_first_start_with_duplicates_programs_nothing(tmp_path: Path) -> None:

@@ -10,7 +10,9 @@ import os
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -128,6 +130,9 @@ def test_git_s_own_files_and_editor_swap_files_wake_no_one(tmp_path: Path) -> No
     events = threading.Event()
     src = started(DirectorySource(str(tmp_path), events.set))
     try:
+        svc(tmp_path / "a" / "b" / "web.yaml", "web", "10.96.0.11")
+        assert events.wait(5), "the watch is not set up"
+        time.sleep(0.1)
         events.clear()
         (tmp_path / ".git" / "FETCH_HEAD").write_text("0" * 40 + "\n")
         (tmp_path / ".git" / "objects").mkdir()
@@ -175,7 +180,6 @@ def test_a_config_map_volume_in_a_subfolder_is_read_again_on_its_swap(tmp_path: 
         os.rename(cm / "..data_tmp", cm / "..data")
         shutil.rmtree(cm / "..2026_12_03_01")
         assert events.wait(5), "the ..data swap woke no one"
-        time.sleep(0.1)  # (the rest of the swap's events)
         assert src.snapshot().objects[0].body["spec"]["clusterIP"] == "10.96.0.20"
     finally:
         src.stop()
@@ -216,12 +220,21 @@ def test_a_symlinked_root_is_followed_when_the_link_is_swapped(tmp_path: Path) -
         src.stop()
 
 
-def test_a_root_removed_and_made_again_is_followed(tmp_path: Path) -> None:
+@contextmanager
+def watched_state(tmp_path: Path) -> Iterator[tuple[Path, DirectorySource, threading.Event]]:
+    """<tmp>/state with one Service, watched (the root's identity checked every 200 ms)."""
     root = tmp_path / "state"
     svc(root / "a.yaml", "a", "10.96.0.10")
     events = threading.Event()
     src = started(DirectorySource(str(root), events.set, root_check_ms=200))
     try:
+        yield root, src, events
+    finally:
+        src.stop()
+
+
+def test_a_root_removed_and_made_again_is_followed(tmp_path: Path) -> None:
+    with watched_state(tmp_path) as (root, src, events):
         shutil.rmtree(root)
         assert events.wait(5), "the root's removal woke no one"
         events.clear()
@@ -232,35 +245,68 @@ def test_a_root_removed_and_made_again_is_followed(tmp_path: Path) -> None:
         svc(root / "c.yaml", "c", "10.96.0.12")  # seen: the new directory is watched
         assert wait_for(src, events, ["b", "c"]) == ["b", "c"]
         assert src.failures == 0
-    finally:
-        src.stop()
 
 
-def test_when_inotify_fails_the_directory_is_polled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """inotify's limits (max_user_watches, max_user_instances) reached: watchfiles raises; the
-    watcher goes on by polling rather than retrying inotify for ever."""
+def test_a_change_made_while_the_new_root_s_watch_is_set_up_is_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import watchfiles
 
     real = watchfiles.watch
+    starts: list[float] = []
 
-    def inotify_exhausted(*paths, **kwargs):  # type: ignore[no-untyped-def]
-        if not kwargs.get("force_polling"):
-            raise OSError("OS file watch limit reached")
+    def slow_to_start(*paths, **kwargs):  # type: ignore[no-untyped-def]
+        starts.append(time.monotonic())
+        if len(starts) > 1:
+            time.sleep(0.5)  # (a loaded machine; a big tree to add watches to)
         return real(*paths, **kwargs)
 
-    monkeypatch.setattr(watchfiles, "watch", inotify_exhausted)
+    monkeypatch.setattr(watchfiles, "watch", slow_to_start)
+    with watched_state(tmp_path) as (root, src, events):
+        shutil.rmtree(root)
+        svc(root / "b.yaml", "b", "10.96.0.11")
+        deadline = time.monotonic() + 5
+        while len(starts) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert names(src) == ["b"]  # (what the wake-ups so far asked for)
+        events.clear()
+        svc(root / "c.yaml", "c", "10.96.0.12")  # before the new watch is there
+        assert wait_for(src, events, ["b", "c"]) == ["b", "c"]
+
+
+def test_when_inotify_s_limits_are_reached_the_directory_is_polled(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """inotify's limits (max_user_watches, max_user_instances) reached: watchfiles raises; the
+    watcher goes on by polling rather than retrying inotify for ever. Another error is retried."""
+    import watchfiles
+
+    real = watchfiles.watch
+    calls: list[bool] = []
+
+    def limited(*paths, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(bool(kwargs.get("force_polling")))
+        if len(calls) == 1:
+            raise RuntimeError("something else")  # retried with inotify
+        if not kwargs.get("force_polling"):
+            raise OSError("OS file watch limit reached.")
+        return real(*paths, **kwargs)
+
+    monkeypatch.setattr(watchfiles, "watch", limited)
     svc(tmp_path / "a.yaml", "a", "10.96.0.10")
     events = threading.Event()
     src = DirectorySource(str(tmp_path), events.set)
     src.snapshot()
     src.start()
     try:
-        assert events.wait(5)  # (the failure itself: the tree is looked at again)
-        time.sleep(1.5)  # (the polling watch starts after a second)
-        events.clear()
-        svc(tmp_path / "b.yaml", "b", "10.96.0.11")
-        assert events.wait(5), "the polling watch saw nothing"
-        assert names(src) == ["a", "b"] and src.failures == 1
+        deadline, written = time.monotonic() + 10, []
+        while time.monotonic() < deadline:  # (a file written before the poller's first scan is no change)
+            events.clear()
+            written.append(f"b{len(written)}")
+            svc(tmp_path / f"{written[-1]}.yaml", written[-1], f"10.96.1.{len(written)}")
+            if events.wait(1.0) and calls[-1:] == [True]:
+                break
+        assert calls[:3] == [False, False, True], calls
+        assert events.is_set(), "the polling watch saw nothing"
+        assert names(src) == sorted(["a", *written]) and src.failures == 2
     finally:
         src.stop()
 
