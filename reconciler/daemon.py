@@ -44,7 +44,7 @@ from . import conntrack, conntrack_sysctls, gcpolicy
 from .backends.base import KernelError
 from .config import Options
 from .config_watch import ConfigFileWatch
-from .desired import BuildCache, build_desired_state
+from .desired import BuildCache, BuildOptions, build_desired_state
 from .drift import DriftCheck
 from .events import EventRecorder, Sender, api_sender, node_ref, service_ref
 from .health import (
@@ -392,10 +392,38 @@ class Daemon:
         self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
         self.desired = desired
         release = getattr(self.source, "release_bodies", None)
-        if release is not None and self._pending.added:
-            release(keep=self._pending.added)  # (those held back are not built: see _build)
-        elif release is not None:
-            release()  # the build cache has all it needs from them
+        if release is not None:  # the build cache has all it needs from them, but those held back
+            release(keep=self._pending.added)  # (see _build_pending)
+
+    def _build_pending(self, opts: BuildOptions, first_start: Callable[[], bool]
+                       ) -> tuple[DesiredState | None, list[InputError]]:
+        """Build what a directory changed. Any error rejects it all, but on a first start (see
+        _may_start_without_bad_files) the objects of the files named by errors are held back:
+        they stay pending, not built, for the next build to try again."""
+        held: dict[int, SourceObject] = {}
+        all_errors: list[InputError] = []
+        for _ in range(5):
+            added = [o for i, o in self._pending.added.items() if i not in held]
+            try:
+                desired = self._build_cache.update(added, self._pending.removed.values(), opts)
+            except (InputErrors, InputError) as exc:
+                errors = exc.errors if isinstance(exc, InputErrors) else [exc]
+                all_errors.extend(errors)
+                if any(isinstance(e, InputConflict) for e in errors):
+                    return None, all_errors  # (which side is meant cannot be told)
+                files = {e.location.origin for e in errors if isinstance(e.location, Location)}
+                bad = {i: o for i, o in self._pending.added.items() if i not in held and o.location.origin in files}
+                if any(o.kind == "Node" and o.name == self.opts.node_name for o in bad.values()):
+                    return None, all_errors  # (without this node's Node: NodePorts on every address)
+                if not bad or not first_start():
+                    return None, all_errors
+                held.update(bad)
+                continue
+            self._pending = _PendingChanges()
+            self._pending.added = held
+            self._set_pending_changes()
+            return desired, all_errors
+        return None, all_errors
 
     def _may_start_without_bad_files(self, snap: Snapshot) -> bool:
         """A directory with errors keeps the last good state whole; before there is one (a
@@ -435,34 +463,12 @@ class Daemon:
     def _build(self, snap: Snapshot, first_start: Callable[[], bool] = lambda: False
                ) -> tuple[DesiredState | None, list[InputError], list[str]]:
         """Build the desired state; from the API, objects named by errors are dropped and the
-        build retried, from a directory any error rejects the whole input (but on a first start,
-        see _may_start_without_bad_files, where the objects of the files named by errors are
-        held back, and stay pending, not built, for the next build to try again)."""
+        build retried, from a directory any error rejects the whole input (but see
+        _build_pending)."""
         opts = self.opts.build_options()
         if self._source_has_deltas:
-            held: dict[int, SourceObject] = {}
-            all_errors: list[InputError] = []
-            for _ in range(5):
-                added = [o for i, o in self._pending.added.items() if i not in held]
-                try:
-                    desired = self._build_cache.update(added, self._pending.removed.values(), opts)
-                except (InputErrors, InputError) as exc:
-                    errors = exc.errors if isinstance(exc, InputErrors) else [exc]
-                    all_errors.extend(errors)
-                    if any(isinstance(e, InputConflict) for e in errors):
-                        return None, all_errors, []  # (which side is meant cannot be told)
-                    files = {e.location.origin for e in errors if isinstance(e.location, Location)}
-                    bad = {i: o for i, o in self._pending.added.items()
-                           if i not in held and o.location.origin in files}
-                    if not bad or any(o.kind == "Node" and o.name == self.opts.node_name for o in bad.values()) or not first_start():
-                        return None, all_errors, []  # (without this node's Node: wider NodePorts)
-                    held.update(bad)
-                    continue
-                self._pending = _PendingChanges()
-                self._pending.added = held
-                self._set_pending_changes()
-                return desired, all_errors, []
-            return None, all_errors, []
+            desired, errors = self._build_pending(opts, first_start)
+            return desired, errors, []
         objects = snap.objects
         excluded: list[str] = []
         all_errors: list[InputError] = []
