@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -115,11 +116,10 @@ def flags(src: str) -> list[str]:
     return common_flags(src)
 
 
-@pytest.fixture(scope="module")
-def running(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
-    src = str(tmp_path_factory.mktemp("run-state"))
-    put(src, state_docs())
-    log = Path(str(tmp_path_factory.mktemp("run-log"))) / "reconciler.log"
+@contextmanager
+def reconciler_run(lab: Lab, src: str, log: Path) -> Iterator[Running]:
+    """`reconciler run` on `src` in the lab's node, logging JSON into `log`, once its first sync
+    is done; stopped with SIGTERM (else killed) at the end."""
     argv = ns_argv(lab.node, [*RECONCILER, "run", *flags(src),
                               "--sync-period", f"{SYNC_PERIOD:g}s", "--min-sync-period", f"{MIN_SYNC_PERIOD:g}s",
                               "--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS,
@@ -133,8 +133,23 @@ def running(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runn
         yield r
     finally:
         if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def running(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    src = str(tmp_path_factory.mktemp("run-state"))
+    put(src, state_docs())
+    log = Path(str(tmp_path_factory.mktemp("run-log"))) / "reconciler.log"
+    try:
+        with reconciler_run(lab, src, log) as r:
+            yield r
+    finally:
         reconciler(lab, "cleanup", "--mode", "nftables", check=False)
 
 

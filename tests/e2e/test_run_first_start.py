@@ -8,18 +8,13 @@ on a programmed kernel leaves it whole while the file stays broken.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from lab import Lab
-from labcmd import ns_argv
-from manifests import RECONCILER, common_flags, eps, reconciler, svc
-from test_run import BROKEN, HEALTHZ, Running, http_get, put, serving, state_docs, wait_for
+from manifests import eps, reconciler, svc
+from test_run import BROKEN, HEALTHZ, http_get, put, reconciler_run, serving, state_docs, wait_for
 from traffic import outcomes
 
 pytestmark = pytest.mark.e2e
@@ -29,28 +24,6 @@ API_IP = "10.96.0.20"
 
 def api_service() -> dict:
     return svc("api", [API_IP], [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}])
-
-
-@contextmanager
-def reconciler_run(lab: Lab, src: str, log: Path) -> Iterator[Running]:
-    argv = ns_argv(lab.node, [*RECONCILER, "run", *common_flags(src), "--sync-period", "2s",
-                              "--min-sync-period", "0.2s", "--healthz-bind-address", HEALTHZ,
-                              "--metrics-bind-address", "127.0.0.1:10249", "--log-format", "json"])
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT)
-    r = Running(proc, src, log)
-    try:
-        wait_for(lambda: r.logged(r"^sync full") or proc.poll() is not None, 15, what="the first sync")
-        assert proc.poll() is None, log.read_text()
-        yield r
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
 
 
 def health(lab: Lab) -> dict:

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -835,49 +836,51 @@ def test_directory_errors_and_duplicates(tmp_path: Path) -> None:
     assert snap.errors and "no such directory" in str(snap.errors[0])
 
 
-def test_daemon_with_directory_source(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+def directory_daemon(tmp_path: Path, backend: FakeBackend | None = None) -> tuple[Daemon, FakeBackend, FakeClock]:
+    """A Daemon on a FakeBackend reading tmp_path as `run --source DIR` does."""
     clock = FakeClock()
-    backend = FakeBackend()
+    backend = backend or FakeBackend()
     d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
     d.source = DirectorySource(str(tmp_path), d.notify)
-    d.step()
-    assert list(backend.kernel) == ["default/a:http/TCP"]
-    (tmp_path / "b.yaml").write_text("kind: [")
+    return d, backend, clock
+
+
+def next_sync(d: Daemon, clock: FakeClock) -> None:
+    """The directory changed: the next sync, min-sync-period later."""
     d.notify()
     clock.advance(2)
     d.step()
+
+
+def test_daemon_with_directory_source(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    d, backend, clock = directory_daemon(tmp_path)
+    d.step()
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    (tmp_path / "b.yaml").write_text("kind: [")
+    next_sync(d, clock)
     assert list(backend.kernel) == ["default/a:http/TCP"]
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
     (tmp_path / "b.yaml").unlink()
     (tmp_path / "a.yaml").unlink()
-    d.notify()
-    clock.advance(2)
-    d.step()
+    next_sync(d, clock)
     assert backend.kernel == {}  # an empty (valid) directory does remove everything
 
 
 def test_first_start_on_a_kernel_without_our_objects_programs_the_readable_files(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
-    clock = FakeClock()
-    backend = FakeBackend()
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
-    d.source = DirectorySource(str(tmp_path), d.notify)
+    d, backend, clock = directory_daemon(tmp_path)
     d.step()
     assert list(backend.kernel) == ["default/a:http/TCP"]  # rather than nothing
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:10:5: spec.ports[0].port")
     first = dict(backend.kernel)
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=81))
-    d.notify()
-    clock.advance(2)
-    d.step()  # once there is a last good state, it stays whole while a file has errors
+    next_sync(d, clock)  # once there is a last good state, it stays whole while a file has errors
     assert backend.kernel == first
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:10:5: spec.ports[0].port")
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))
-    d.notify()
-    clock.advance(2)
-    d.step()
+    next_sync(d, clock)
     assert sorted(backend.kernel) == ["default/a:http/TCP", "default/b:http/TCP"]
     assert d.desired is not None and sorted(s.port for s in d.desired.services) == [80, 81]
     assert d.health.body(True)[1].get("lastError") in (None, "")
@@ -887,72 +890,56 @@ def test_first_start_on_a_kernel_without_our_objects_programs_the_readable_files
 def test_first_start_leaves_out_a_file_that_does_not_parse(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text("kind: [")
-    clock = FakeClock()
-    backend = FakeBackend()
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
-    d.source = DirectorySource(str(tmp_path), d.notify)
+    d, backend, clock = directory_daemon(tmp_path)
     d.step()
     assert list(backend.kernel) == ["default/a:http/TCP"]
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))
-    d.notify()
-    clock.advance(2)
-    d.step()
+    next_sync(d, clock)
     assert sorted(backend.kernel) == ["default/a:http/TCP", "default/b:http/TCP"]
 
 
 def test_a_restart_on_a_programmed_kernel_leaves_it_whole_while_a_file_is_unreadable(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
-    clock = FakeClock()
     backend = FakeBackend()
     backend.kernel = {"default/a:http/TCP": "before", "default/b:http/TCP": "before"}  # the last process's
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
-    d.source = DirectorySource(str(tmp_path), d.notify)
+    d, backend, clock = directory_daemon(tmp_path, backend)
     d.step()
-    d.notify()
-    clock.advance(2)
-    d.step()
+    next_sync(d, clock)
     assert backend.kernel == {"default/a:http/TCP": "before", "default/b:http/TCP": "before"}
     assert backend.applies == [] and backend.cleanup_calls == 1  # looked at once
 
 
-def test_first_start_with_two_files_claiming_one_cluster_ip_and_port_programs_nothing(tmp_path: Path) -> None:
-    """Which of the two is meant cannot be told: the error names the one whose name sorts later,
-    which may well be the old, working one."""
-    (tmp_path / "old.yaml").write_text(SVC_YAML.format(name="zzz", ip="10.96.0.10", port=80))
-    (tmp_path / "new.yaml").write_text(SVC_YAML.format(name="aaa", ip="10.96.0.10", port=80))
-    (tmp_path / "other.yaml").write_text(SVC_YAML.format(name="other", ip="10.96.0.11", port=80))
-    backend = FakeBackend()
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
-    d.source = DirectorySource(str(tmp_path), d.notify)
-    d.step()
-    assert backend.kernel == {} and backend.applies == []
-    assert "already used by default/aaa:http" in d.health.body(True)[1]["lastError"]
+NODE_A = "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n"
 
 
-@pytest.mark.parametrize("node_yaml", [
-    "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels: [1]\n",  # read, but invalid
-    "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\nstatus: [\n",  # does not parse
-])
-def test_first_start_with_this_node_s_node_in_a_bad_file_programs_nothing(tmp_path: Path, node_yaml: str) -> None:
-    """Without its addresses `nodePortAddresses: [primary]` would open NodePorts on every
-    address, and without its zone label topology hints go astray."""
-    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
-    (tmp_path / "node.yaml").write_text(node_yaml)
-    backend = FakeBackend()
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
-    d.source = DirectorySource(str(tmp_path), d.notify)
+@pytest.mark.parametrize("files, error", [  # (error: a pattern matched at the start)
+    # which of two Services is meant cannot be told: the error names the one whose name sorts
+    # later, which may well be the old, working one
+    ({"old.yaml": SVC_YAML.format(name="zzz", ip="10.96.0.10", port=80),
+      "new.yaml": SVC_YAML.format(name="aaa", ip="10.96.0.10", port=80)}, r".*already used by default/aaa:http"),
+    ({"b.yaml": SVC_YAML.format(name="a", ip="10.96.0.11", port=80)}, r".*duplicate Service default/a"),
+    # without this node's Node `nodePortAddresses: [primary]` would open NodePorts on every
+    # address, and topology hints go astray without its zone label
+    ({"node.yaml": NODE_A + "  labels: [1]\n"}, r"{root}/node\.yaml:"),  # read, but invalid
+    ({"node.yaml": NODE_A + "status: [\n"}, r"{root}/node\.yaml:"),  # does not parse
+], ids=["one-cluster-ip-and-port", "duplicates", "invalid-node", "node-that-does-not-parse"])
+def test_a_first_start_programs_nothing_when_what_is_meant_cannot_be_told(
+        tmp_path: Path, files: dict[str, str], error: str) -> None:
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.20", port=80))
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    d, backend, _ = directory_daemon(tmp_path)
     d.step()
     assert backend.kernel == {} and backend.applies == []
-    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/node.yaml:")
+    assert re.match(error.format(root=re.escape(str(tmp_path))), d.health.body(True)[1]["lastError"])
 
 
 def test_first_start_when_the_kernel_cannot_be_looked_at_programs_nothing(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text("kind: [")
-    clock = FakeClock()
     backend = FakeBackend()
 
     def broken(look_first: bool = False) -> list[Operation]:
@@ -960,26 +947,12 @@ def test_first_start_when_the_kernel_cannot_be_looked_at_programs_nothing(
         raise KernelError("nft: no such file")
 
     backend.cleanup = broken  # type: ignore[method-assign]
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=clock)
-    d.source = DirectorySource(str(tmp_path), d.notify)
+    d, backend, clock = directory_daemon(tmp_path, backend)
     with caplog.at_level(logging.WARNING, logger="reconciler.daemon"):
         d.step()
-        d.notify()
-        clock.advance(2)
-        d.step()
+        next_sync(d, clock)
     assert backend.kernel == {} and backend.applies == [] and backend.cleanup_calls == 1
     assert len([r for r in caplog.records if "could not tell whether the kernel" in r.getMessage()]) == 1
-
-
-def test_first_start_with_duplicates_programs_nothing(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
-    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.11", port=80))
-    backend = FakeBackend()
-    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
-    d.source = DirectorySource(str(tmp_path), d.notify)
-    d.step()  # which of the two is meant cannot be told: nothing is
-    assert backend.kernel == {} and backend.applies == []
-    assert "duplicate Service default/a" in d.health.body(True)[1]["lastError"]
 
 
 # ------------------------------------------------------------------------------------ logging
