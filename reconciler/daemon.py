@@ -109,6 +109,17 @@ def _fields(**kw: Any) -> dict[str, Any]:
     return {"fields": kw}
 
 
+LOGGED_PATHS = 10  # files a log line names (a first start re-reads every file: 10k names, ~1 MB)
+
+
+def _some(paths: list[str]) -> str:
+    """Up to LOGGED_PATHS of the paths, and how many more."""
+    if not paths:
+        return "nothing"
+    more = len(paths) - LOGGED_PATHS
+    return ", ".join(paths[:LOGGED_PATHS]) + (f" and {more} more" if more > 0 else "")
+
+
 # ----------------------------------------------------------------------------------------------
 # Sources
 
@@ -350,8 +361,9 @@ class Daemon:
         if not snap.changed and self.desired is not None and not self._input.errors:
             return
         if snap.reread or snap.removed:
-            log.debug("re-read %s; dropped %s", ", ".join(snap.reread) or "nothing",
-                      ", ".join(snap.removed) or "nothing", extra=_fields(reread=snap.reread, removed=snap.removed))
+            log.debug("re-read %s; dropped %s", _some(snap.reread), _some(snap.removed),
+                      extra=_fields(reread=snap.reread[:LOGGED_PATHS], reread_count=len(snap.reread),
+                                    removed=snap.removed[:LOGGED_PATHS], removed_count=len(snap.removed)))
         errors: list[InputError] = list(snap.errors)
         desired = None
         excluded: list[str] = []

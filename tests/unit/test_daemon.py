@@ -993,6 +993,20 @@ def test_text_log_lines() -> None:
     assert " INFO sync full: service ports +1 ~0 -0, 1 operations, " in line
 
 
+def test_the_files_read_are_logged_by_a_few_names_and_a_count(tmp_path: Path) -> None:
+    """A first start re-reads every file: the debug line names ten and counts the rest (at 10k
+    files it named them all: one ~1 MB line, twice in JSON)."""
+    for i in range(25):
+        (tmp_path / f"s{i:02}.yaml").write_text(SVC_YAML.format(name=f"s{i}", ip=f"10.96.0.{10 + i}", port=80))
+    with daemon_logging("json") as stream:
+        logging.getLogger().setLevel(logging.DEBUG)
+        d, backend, clock = directory_daemon(tmp_path)
+        d.step()
+    line = next(json.loads(ln) for ln in stream.getvalue().splitlines() if '"re-read ' in ln)
+    assert line["msg"].endswith("s09.yaml and 15 more; dropped nothing") and "s10.yaml" not in line["msg"]
+    assert line["reread_count"] == 25 and len(line["reread"]) == 10 and line["removed_count"] == 0
+
+
 # ---------------------------------------------------------- Kubernetes source, real kernel
 
 
