@@ -109,16 +109,15 @@ def kernel_script(state_dir: str, mode: str) -> dict[str, str]:
 
 def split_iptables_script(text: str) -> dict[str, str]:
     """The iptables backend's script is one restore input per family, each after a '# <cmd>' line."""
-    parts: dict[str, str] = {}
-    current = None
+    parts: dict[str, list[str]] = {}
+    current: list[str] | None = None
     for line in text.splitlines(keepends=True):
         m = re.match(r"# (ip6?tables)[\w-]*restore", line)
         if m:
-            current = m.group(1)
-            parts[current] = ""
-        elif current:
-            parts[current] += line
-    return parts
+            current = parts[m.group(1)] = []
+        elif current is not None:
+            current.append(line)  # (+= on a dict's string copied it: 10k services, 2 minutes)
+    return {cmd: "".join(lines) for cmd, lines in parts.items()}
 
 
 def load_floor(mode: str, scripts: dict[str, str]) -> float:

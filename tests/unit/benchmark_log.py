@@ -15,3 +15,4 @@ _spec.loader.exec_module(_module)
 
 tool_seconds = _module.tool_seconds
 sync_tool_seconds = _module.sync_tool_seconds
+split_iptables_script = _module.split_iptables_script

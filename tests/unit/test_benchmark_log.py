@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmark_log import sync_tool_seconds, tool_seconds
+from benchmark_log import split_iptables_script, sync_tool_seconds, tool_seconds
 
 
 def test_tool_lines_of_both_backends_are_read_and_others_ignored():
@@ -37,3 +37,10 @@ def test_each_sync_gets_the_tool_time_logged_before_it(tmp_path):
     assert sync_tool_seconds(str(log), 3) == 0
     with pytest.raises(RuntimeError):
         sync_tool_seconds(str(log), 4)
+
+
+def test_the_iptables_script_is_split_into_one_restore_input_per_family():
+    script = ("# iptables-restore --noflush\n*filter\n:A - [0:0]\nCOMMIT\n"
+              "# ip6tables-restore --noflush\n*nat\n-A B -j C\nCOMMIT\n")
+    assert split_iptables_script(script) == {"iptables": "*filter\n:A - [0:0]\nCOMMIT\n",
+                                             "ip6tables": "*nat\n-A B -j C\nCOMMIT\n"}
