@@ -145,6 +145,12 @@ def test_health_check_node_port_counts_local_ready():
             endpoint_slice("lb", [endpoint("10.244.1.5")]),
             endpoint_slice("lb", [endpoint("fd00:244::5")], family="IPv6")]
     assert [h.localEndpoints for h in build(dual).healthChecks] == [1]
+    # a slice port the Service does not have (a port being renamed) counts nothing: no 200 for a
+    # service port whose traffic is refused (upstream counts it; see README)
+    renamed = [service("lb", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="LoadBalancer",
+                       externalTrafficPolicy="Local", healthCheckNodePort=32000),
+               endpoint_slice("lb", [endpoint("10.244.1.5")], port_name="web")]
+    assert [h.localEndpoints for h in build(renamed).healthChecks] == [0]
 
 
 def test_a_zero_node_port_or_health_check_node_port_is_unset():
