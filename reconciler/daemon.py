@@ -653,6 +653,9 @@ class Daemon:
         seconds = self.clock.monotonic() - start
         msg = str(exc).strip() or type(exc).__name__
         self._need_full = True
+        # the changes' trigger times are let go, as kube-proxy lets a failed sync's go: kept, they
+        # would pile up for as long as syncs fail (every retry takes the source's new ones)
+        self._triggers = {}
         m = self.metrics
         m.syncs.labels(kind, "error").inc()
         m.sync_duration.observe(seconds)  # every attempt, as kube-proxy: a slow failure shows too

@@ -1462,6 +1462,26 @@ def test_change_metrics_follow_the_api_events() -> None:
     assert value(d, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
     assert value(d, "kubeproxy_network_programming_duration_seconds_count") == 3
     assert value(d, "kubeproxy_network_programming_duration_seconds_sum") == pytest.approx(4 + 3 + 2)
+    # a failed sync lets its changes' trigger times go, as kube-proxy does (kept, they would pile
+    # up while syncs keep failing): the sync that then succeeds observes none of them
+    backend = d.backend
+    for attempt in range(3):
+        new = endpoint_slice("web", [endpoint(f"10.244.1.{30 + attempt}")], port=8080).body
+        new["metadata"]["annotations"] = {  # type: ignore[index]
+            "endpoints.kubernetes.io/last-change-trigger-time": rfc3339(clock.time())}
+        source.log.record("EndpointSlice", ("default", "web"), old, new)
+        old = new
+        source.objects = [objs[0], SourceObject("EndpointSlice", "default", "web", old, objs[1].location)]
+        backend.fail = KernelError("nft: refused")  # type: ignore[attr-defined]
+        clock.advance(SYNC)
+        d.notify()
+        assert d.step().ok is False  # type: ignore[union-attr]
+    assert d._triggers == {}
+    backend.fail = None  # type: ignore[attr-defined]
+    clock.advance(SYNC)
+    d.notify()
+    assert d.step().ok  # type: ignore[union-attr]
+    assert value(d, "kubeproxy_network_programming_duration_seconds_count") == 3
 
 
 def test_directory_changes_held_by_invalid_input_are_pending(tmp_path: Path) -> None:
