@@ -108,6 +108,7 @@ class Options:
     healthz_bind_address: str = f"0.0.0.0:{HEALTHZ_PORT}"
     metrics_bind_address: str = f"127.0.0.1:{METRICS_PORT}"
     bind_address_hard_fail: bool = False  # exit if healthz/metrics cannot listen (else: retried)
+    node_ip_override: str | None = None  # bindAddress, when not 0.0.0.0 or ::: this node's IP of its family
     kubeconfig: str | None = None  # for the API source (None: in-cluster)
     # the conntrack sysctls `run` sets at start (kube-proxy's `conntrack:`; 0 leaves a value alone)
     conntrack_max_per_core: int = 32768
@@ -121,7 +122,7 @@ class Options:
 
     def build_options(self) -> BuildOptions:
         return BuildOptions(self.node_name, self.cluster_cidrs, self.service_cidrs, self.nodeport_cidrs,
-                            self.masquerade_all)
+                            self.masquerade_all, node_ip_override=self.node_ip_override)
 
 
 def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]:
@@ -267,17 +268,16 @@ def _mode_section(doc: dict[str, Any], where: Where, section: str) -> dict[str, 
 
 
 def _bind_addresses(doc: dict[str, Any], where: Where) -> dict[str, Any]:
-    """healthzBindAddress and metricsBindAddress as kube-proxy defaults them; bindAddress only
-    picks the family of their defaults here (an IPv6 one: [::]:10256, [::1]:10249)."""
+    """healthzBindAddress and metricsBindAddress as kube-proxy defaults them; bindAddress picks the
+    family of their defaults (an IPv6 one: [::]:10256, [::1]:10249) and, when it is no unspecified
+    address, is this node's IP of its family, as kube-proxy takes it (over the Node's)."""
     bind = doc.get("bindAddress")
     ip = "0.0.0.0" if bind in (None, "") else normalize_ip(bind)
     if ip is None:
         raise InputError(where("bindAddress"), f"invalid IP address {bind!r}", ("bindAddress",))
-    if ip not in ("0.0.0.0", "::"):
-        log.warning("%s: bindAddress %s is not used: kube-proxy takes it as this node's IP of its family "
-                    "(for nodePortAddresses [primary] and the loadBalancerSourceRanges exception); here the "
-                    "Node's addresses are", where("bindAddress"), bind)
     out: dict[str, Any] = {}
+    if ip not in ("0.0.0.0", "::"):
+        out["node_ip_override"] = ip
     defaults = ("[::]", "[::1]") if ":" in ip else ("0.0.0.0", "127.0.0.1")
     for key, attr, host, port in (("healthzBindAddress", "healthz_bind_address", defaults[0], HEALTHZ_PORT),
                                   ("metricsBindAddress", "metrics_bind_address", defaults[1], METRICS_PORT)):

@@ -54,6 +54,8 @@ class BuildOptions:
     nodeport_cidrs: tuple[str, ...] | None = None  # None: every local address; (NODEPORT_PRIMARY,): node IPs
     masquerade_all: bool = False
     node_labels: dict[str, str] = field(default_factory=dict)  # used when no Node object is given
+    # this node's IP of its family whatever the Node says (KubeProxyConfiguration bindAddress)
+    node_ip_override: str | None = None
 
 
 # Addresses are read as kube-proxy reads them (netutils.ParseIPSloppy / ParseCIDRSloppy,
@@ -416,7 +418,7 @@ def _primary_cidrs(node: NodeInfo, warnings: list[str]) -> tuple[str, ...]:
                   if not ipaddress.ip_address(a).is_loopback)
     if not cidrs:
         warnings.append(f"nodePortAddresses primary: no IP of Node {node.name!r} is known (no Node object with an "
-                        "InternalIP or ExternalIP): NodePorts answer on every local address")
+                        "InternalIP or ExternalIP, no bindAddress): NodePorts answer on every local address")
     return cidrs
 
 
@@ -668,13 +670,16 @@ def _source_ranges(ranges: tuple[str, ...], lb_ips: tuple[str, ...], node: NodeI
     return tuple(str(n) for n in ipaddress.collapse_addresses(nets))  # type: ignore[arg-type]
 
 
-def _node_ips(body: dict[str, Any]) -> tuple[str, ...]:
+def _node_ips(body: dict[str, Any], override: str | None = None) -> tuple[str, ...]:
     """This node's IP per family (IPv4 first), as kube-proxy picks it from a Node's
     status.addresses: the first InternalIP of the family, else its first ExternalIP. Entries that
-    are not addresses are skipped."""
+    are not addresses are skipped. An `override` (bindAddress) is the IP of its family, as
+    kube-proxy's detectNodeIPs has it."""
     status = body.get("status")
     addresses = status.get("addresses") if isinstance(status, dict) else None
     found: dict[Family, str] = {}
+    if override is not None:
+        found[ip_family(override)] = override
     for kind in ("InternalIP", "ExternalIP"):
         for a in addresses if isinstance(addresses, list) else ():
             ip = normalize_ip(a.get("address")) if isinstance(a, dict) and a.get("type") == kind else None
@@ -770,7 +775,7 @@ class BuildCache:
         if node_obj is not None:
             labels.update({str(k): str(v) for k, v in (node_obj.body.get("metadata", {}).get("labels") or {}).items()})
         node = NodeInfo(opts.node_name, labels.get(ZONE_LABEL) or None,
-                        _node_ips(node_obj.body) if node_obj is not None else ())
+                        _node_ips(node_obj.body if node_obj is not None else {}, opts.node_ip_override))
         services = dict(self.services)
         slices: dict[tuple[str, str], dict[int, tuple[SourceObject, _Slice]]] = {}  # copies of changed entries
 

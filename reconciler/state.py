@@ -212,7 +212,8 @@ class HealthCheck:
 class NodeInfo:
     name: str
     zone: str | None = None
-    # this node's IP per family, as kube-proxy finds it on the Node: the first InternalIP, else ExternalIP
+    # this node's IP per family, as kube-proxy finds it on the Node: the first InternalIP, else
+    # ExternalIP; a bindAddress (KubeProxyConfiguration) is the one of its family
     addresses: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:

@@ -239,9 +239,19 @@ def test_fields_not_used_are_warned_about_once_with_their_line(tmp_path, caplog)
             .replace("verbosity: 0", "verbosity: 4").replace("null", "-999"))
     with caplog.at_level("WARNING"):
         run_options(tmp_path, text)
-    for where, key in ((4, "bindAddress 10.0.0.5"), (5, "configSyncPeriod"), (6, "featureGates"), (7, "logging"),
-                       (13, "oomScoreAdj")):
+    for where, key in ((5, "configSyncPeriod"), (6, "featureGates"), (7, "logging"), (13, "oomScoreAdj")):
         assert caplog.text.count(f"kp.yaml:{where}:1: {key} is not used") == 1, key
+    assert "bindAddress" not in caplog.text  # (used: this node's IP of its family, see below)
+
+
+@pytest.mark.parametrize("value,override", [("10.0.0.5", "10.0.0.5"), ("'010.000.000.005'", "10.0.0.5"),
+                                            ("fd00::5", "fd00::5"), ("0.0.0.0", None), ("'::'", None), ("''", None)])
+def test_bind_address_is_this_nodes_ip_of_its_family(tmp_path, value, override):
+    """As kube-proxy's detectNodeIPs: a bindAddress that is no unspecified address overrides the
+    node IP of its family (nodePortAddresses [primary], the loadBalancerSourceRanges exception)."""
+    opts = run_options(tmp_path, HEAD + f"bindAddress: {value}\n")
+    assert opts.node_ip_override == override
+    assert opts.build_options().node_ip_override == override
 
 
 @pytest.mark.parametrize("text,message", [

@@ -74,7 +74,23 @@ def test_nodeport_addresses_primary_are_the_nodes_ips():
     state = build(objs[:1], nodeport_cidrs=("primary",))  # no Node object
     assert {f: o.nodePortCIDRs for f, o in state.families.items()} == {"ipv4": None, "ipv6": None}
     assert state.warnings == ("nodePortAddresses primary: no IP of Node 'node-a' is known (no Node object with an "
-                              "InternalIP or ExternalIP): NodePorts answer on every local address",)
+                              "InternalIP or ExternalIP, no bindAddress): NodePorts answer on every local address",)
+
+
+def test_bind_address_is_this_nodes_ip_of_its_family():
+    """As kube-proxy's detectNodeIPs: bindAddress (node_ip_override) is the node IP of its family,
+    over the Node's; the other family keeps the Node's. It stands without a Node object too."""
+    n = node()
+    n.body["status"] = {"addresses": [{"type": "InternalIP", "address": "172.30.0.2"},
+                                      {"type": "InternalIP", "address": "fd00:30::2"}]}
+    objs = [service("web", "10.96.0.1", HTTP), n]
+    state = build(objs, nodeport_cidrs=("primary",), node_ip_override="172.30.0.9")
+    assert state.node.addresses == ("172.30.0.9", "fd00:30::2")
+    assert {f: o.nodePortCIDRs for f, o in state.families.items()} == {"ipv4": ("172.30.0.9/32",),
+                                                                        "ipv6": ("fd00:30::2/128",)}
+    state = build(objs[:1], nodeport_cidrs=("primary",), node_ip_override="fd00:30::9")  # no Node object
+    assert state.node.addresses == ("fd00:30::9",) and not state.warnings
+    assert {f: o.nodePortCIDRs for f, o in state.families.items()} == {"ipv4": None, "ipv6": ("fd00:30::9/128",)}
 
 
 def test_no_endpoints_rejects_everywhere():
@@ -188,7 +204,7 @@ def test_topology_uses_node_zone_label():
     assert len(blk.internal.endpoints) == 2
 
 
-def _lb(ranges, node_addresses=None, lb_ips=("172.30.1.13", "fd00:30::1:13")):
+def _lb(ranges, node_addresses=None, lb_ips=("172.30.1.13", "fd00:30::1:13"), **opts):
     svc = service("lb", "10.96.0.1", HTTP, type="LoadBalancer", loadBalancerSourceRanges=list(ranges))
     svc.body["status"] = {"loadBalancer": {"ingress": [{"ip": ip} for ip in lb_ips]}}
     objs = [svc, endpoint_slice("lb", [endpoint("10.244.1.5")])]
@@ -196,7 +212,7 @@ def _lb(ranges, node_addresses=None, lb_ips=("172.30.1.13", "fd00:30::1:13")):
         n = node()
         n.body["status"] = {"addresses": node_addresses}
         objs.append(n)
-    state = build(objs)
+    state = build(objs, **opts)
     import jsonschema
     with open(os.path.join(os.path.dirname(STATE_DIR), "schemas", "desired-state.schema.json")) as fh:
         jsonschema.validate(state.to_dict(), json.load(fh))
@@ -224,6 +240,11 @@ def test_lb_ips_are_allowed_sources_when_the_node_is_inside_a_range():
     # no Node addresses known: nothing added; an LB IP inside a range is merged into it
     assert _lb(["172.30.0.0/24"]).loadBalancerSourceRanges == ("172.30.0.0/24",)
     assert _lb(["172.30.0.0/16"], internal).loadBalancerSourceRanges == ("172.30.0.0/16",)
+    # bindAddress is the node's IP of its family (over the Node's InternalIP)
+    assert _lb(["198.51.100.0/24"], internal, node_ip_override="198.51.100.7").loadBalancerSourceRanges == (
+        "172.30.1.13/32", "198.51.100.0/24")
+    assert _lb(["172.30.0.0/24"], internal, node_ip_override="198.51.100.7").loadBalancerSourceRanges == (
+        "172.30.0.0/24",)
 
 
 def test_only_vip_mode_ingress_ips_are_programmed():
