@@ -55,7 +55,7 @@ from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.manifests import may_hold_a_node
 from .sources.objects import InputConflict, InputError, InputErrors, Location, SourceObject
-from .sources.watch import DirectorySource, Snapshot
+from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot, some_paths
 from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
@@ -107,17 +107,6 @@ def setup_logging(fmt: str = "text", verbose: bool = False, stream: Any = None) 
 
 def _fields(**kw: Any) -> dict[str, Any]:
     return {"fields": kw}
-
-
-LOGGED_PATHS = 10  # files a log line names (a first start re-reads every file: 10k names, ~1 MB)
-
-
-def _some(paths: list[str]) -> str:
-    """Up to LOGGED_PATHS of the paths, and how many more."""
-    if not paths:
-        return "nothing"
-    more = len(paths) - LOGGED_PATHS
-    return ", ".join(paths[:LOGGED_PATHS]) + (f" and {more} more" if more > 0 else "")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -361,7 +350,7 @@ class Daemon:
         if not snap.changed and self.desired is not None and not self._input.errors:
             return
         if snap.reread or snap.removed:
-            log.debug("re-read %s; dropped %s", _some(snap.reread), _some(snap.removed),
+            log.debug("re-read %s; dropped %s", some_paths(snap.reread), some_paths(snap.removed),
                       extra=_fields(reread=snap.reread[:LOGGED_PATHS], reread_count=len(snap.reread),
                                     removed=snap.removed[:LOGGED_PATHS], removed_count=len(snap.removed)))
         errors: list[InputError] = list(snap.errors)

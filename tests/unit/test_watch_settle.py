@@ -144,6 +144,36 @@ def test_git_s_own_files_and_editor_swap_files_wake_no_one(tmp_path: Path) -> No
         src.stop()
 
 
+def test_a_burst_of_changes_is_logged_by_a_few_names_and_a_count(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A pull of thousands of files made one debug line naming each; ten are named, the rest counted."""
+    events = threading.Event()
+    src = started(DirectorySource(str(tmp_path), events.set))
+    try:
+        with caplog.at_level(logging.DEBUG, logger="reconciler.sources.watch"):
+            for i in range(25):
+                svc(tmp_path / f"s{i:02}.yaml", f"s{i}", f"10.96.0.{10 + i}")
+            assert events.wait(5), "the watch is not set up"
+            deadline = time.monotonic() + 5
+            while sum(map(_changes_in, _change_lines(caplog))) < 25 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        lines = _change_lines(caplog)
+        assert sum(map(_changes_in, lines)) >= 25
+        assert all(line.count(", ") <= 9 for line in lines), lines
+    finally:
+        src.stop()
+
+
+def _change_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("manifest changes: ")]
+
+
+def _changes_in(line: str) -> int:
+    """How many changes a "manifest changes: a, b and N more" line reports."""
+    named, _, more = line.partition(" and ")
+    return named.count(", ") + 1 + (int(more.split()[0]) if more else 0)
+
+
 @pytest.mark.parametrize("folder", ["", "edge"], ids=["at-the-root", "in-a-subfolder"])
 def test_a_config_map_volume_s_data_swap_wakes_it_and_is_read(tmp_path: Path, folder: str) -> None:
     """kubelet's atomic writer: ..<timestamp>/ holds the files, ..data links to it, the visible
