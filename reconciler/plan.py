@@ -31,6 +31,9 @@ class Plan:
     services: list[ServiceChange] = field(default_factory=list)
     operations: list[Operation] = field(default_factory=list)
     verified_by: str | None = None  # apply: "generation" or "read" (see reconcile.apply)
+    # the last `other_mode_operations` operations remove what `other_mode` (the other mode) left
+    other_mode: str | None = None
+    other_mode_operations: int = 0
 
     @property
     def empty(self) -> bool:
@@ -40,8 +43,11 @@ class Plan:
         counts = {a: sum(1 for s in self.services if s.action == a) for a in "+~-"}
         if self.empty:
             return "No changes. The kernel matches the desired state."
-        return (f"Plan: {counts['+']} service ports to add, {counts['~']} to change, {counts['-']} to remove; "
-                f"{len(self.operations)} kernel operations.")
+        ports = "service port" if counts["+"] == 1 else "service ports"
+        ops = f"{len(self.operations)} kernel operation{'' if len(self.operations) == 1 else 's'}"
+        if self.other_mode_operations:
+            ops += f", {self.other_mode_operations} of them removing what {self.other_mode} mode left"
+        return f"Plan: {counts['+']} {ports} to add, {counts['~']} to change, {counts['-']} to remove; {ops}."
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +55,8 @@ class Plan:
             "services": [s.to_dict() for s in self.services],
             "operations": [o.to_dict() for o in self.operations],
             "summary": self.summary(),
+            **({"otherMode": {"mode": self.other_mode, "operations": self.other_mode_operations}}
+               if self.other_mode_operations else {}),
             **({"verifiedBy": self.verified_by} if self.verified_by else {}),
         }
 
@@ -67,13 +75,17 @@ class Plan:
             lines.append(f"Kernel operations ({len(self.operations)}; grouped by service port, "
                          f"-o json lists them in execution order):")
             groups: dict[str, list[Operation]] = {}
-            for op in self.operations:
+            own = len(self.operations) - self.other_mode_operations
+            for op in self.operations[:own]:
                 groups.setdefault(op.service or "(shared objects)", []).append(op)
+            leftovers = f"(what {self.other_mode} mode left)"
+            if self.other_mode_operations:  # (they run last; headed second, where it is seen)
+                groups[leftovers] = self.operations[own:]
             # each group gets a share of the budget (the shared objects must not use it all up),
             # and groups past the budget are counted, not headed
             share = max(5, max_operations // len(groups))
             shown = omitted = 0
-            for name in sorted(groups, key=lambda g: (g != "(shared objects)", g)):
+            for name in sorted(groups, key=lambda g: (g != "(shared objects)", g != leftovers, g)):
                 ops = groups[name]
                 room = min(share, max_operations - shown)
                 if room <= 0:

@@ -143,7 +143,9 @@ def make_plan(backend: Any, desired: DesiredState, observed_model: Any = None,
     other: list[Operation] = []
     if other_mode if other_mode is not None else observed_model is None:
         other = other_mode_leftovers(backend.mode) if leftovers is None else leftovers
-    planned = Planned(Plan(backend.mode, desired.node.name, operations=ops + other), want, have, desired, other,
+    plan = Plan(backend.mode, desired.node.name, operations=ops + other,
+                other_mode=OTHER_MODE.get(backend.mode) if other else None, other_mode_operations=len(other))
+    planned = Planned(plan, want, have, desired, other,
                       described=False, observed_at=observed_at)
     if describe:
         planned.describe(backend)
@@ -281,7 +283,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
     conntrack.RECONCILER.run()
     if release:
-        planned.plan.operations = []
+        planned.plan.operations, planned.plan.other_mode_operations = [], 0
         del own
     else:
         planned.describe(backend)  # (when nothing of ours was applied)

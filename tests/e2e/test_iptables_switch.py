@@ -278,6 +278,27 @@ def test_endpoint_change_rewrites_only_that_service(ns: Netns, tmp_path: Path) -
     assert ns.reconciler("plan", "--mode", "iptables", *flags, flavour="nft", check=False).returncode == 0
 
 
+def test_a_service_added_to_rewritten_shared_chains_is_the_only_one_planned(ns: Netns, tmp_path: Path) -> None:
+    """Adding one service rewrites the short shared chains whole; the rules they already held (read
+    back from the kernel) are the chains', so the plan lists that one service, not every other."""
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16")
+    ns.reconciler("apply", "--mode", "iptables", *flags, flavour="nft")
+    (src / "api.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: default}\n"
+        "spec:\n  clusterIP: 10.96.10.99\n  ports: [{name: http, port: 80, protocol: TCP}]\n---\n"
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+        "metadata: {name: api-1, namespace: default, labels: {kubernetes.io/service-name: api}}\n"
+        "addressType: IPv4\nports: [{name: http, port: 8080, protocol: TCP}]\n"
+        "endpoints: [{addresses: [10.244.1.77], nodeName: node-b}]\n")
+    plan = ns.reconciler("plan", "--mode", "iptables", *flags, "-o", "json", flavour="nft", check=False)
+    doc = json.loads(plan.stdout)
+    assert any(op["command"].startswith(":RECONCILER-SERVICES ") for op in doc["operations"])  # rewritten
+    assert [(s["service"], s["action"]) for s in doc["services"]] == [("default/api:http/TCP", "+")]
+    assert doc["summary"].startswith("Plan: 1 service port to add, 0 to change, 0 to remove;")
+
+
 def test_flavour_follows_the_kubelet_hint(ns: Netns) -> None:
     ns.run("iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
     ns.reconciler("apply", "--mode", "iptables", *FLAGS)  # no override: detected
@@ -324,6 +345,17 @@ def test_switch_iptables_to_nftables_removes_our_chains(ns: Netns) -> None:
 
 def test_switch_nftables_to_iptables_removes_our_tables(ns: Netns) -> None:
     ns.reconciler("apply", "--mode", "nftables", *FLAGS, flavour="nft")
+    # the plan says what it removes of the other mode, in its summary and under its own heading
+    text = ns.reconciler("plan", "--mode", "iptables", *FLAGS, flavour="nft", check=False).stdout
+    doc = json.loads(ns.reconciler("plan", "--mode", "iptables", *FLAGS, "-o", "json", flavour="nft",
+                                   check=False).stdout)
+    import jsonschema
+    jsonschema.validate(doc, json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
+    left = doc["otherMode"]["operations"]
+    assert doc["otherMode"]["mode"] == "nftables" and left >= 2
+    assert all(op["command"].startswith("delete table ") for op in doc["operations"][-left:])
+    assert f"kernel operations, {left} of them removing what nftables mode left." in text
+    assert "  # (what nftables mode left)\n  - delete table ip reconciler" in text
     ns.reconciler("apply", "--mode", "iptables", *FLAGS, flavour="nft")
     tables = ns.run("nft", "list", "tables").stdout.splitlines()
     assert not [t for t in tables if re.fullmatch(r"table ip6? reconciler(-\d\d)?", t.strip())], tables

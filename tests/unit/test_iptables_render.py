@@ -336,6 +336,20 @@ def test_removed_service_and_verdict_change_touch_shared_chains():
     assert diff(old, old) == []
 
 
+def test_rules_a_rewritten_shared_chain_restates_change_no_service_port():
+    """A short shared chain is rewritten whole when one service port is added to it: the rules
+    it already held belong to the chain in the plan, so only the added port counts as touched."""
+    from reconciler.reconcile import touched_services
+    old = render(many_services(n=4))
+    d = many_services(n=5)
+    ops = diff(render(d), old)
+    rewritten = {op.name.split()[-1] for op in ops if op.kind == "chain" and op.action == "~"}
+    assert SERVICES in rewritten  # (4 -> 5 rules: too short to edit in place)
+    restated = [op for op in ops if op.kind == "rule" and op.name.endswith(f" {SERVICES}") and "svc00" in op.text]
+    assert restated and all(op.service is None for op in restated)
+    assert touched_services(ops) == {"default/svc04:http/TCP"}
+
+
 def _apply_edits(chain: list[tuple[str, ...]], name: str, ops) -> list[tuple[str, ...]]:
     """What iptables-restore does with our -D/-I lines on one chain (a tiny model of it)."""
     from reconciler.backends.iptables.save import split_args

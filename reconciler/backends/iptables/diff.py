@@ -76,8 +76,13 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
         svc = chain_owner(name, rules)
         where = obj(name)  # one string for the chain and all its rules
         declare.append(Operation("+" if old is None else "~", "chain", where, f":{name} - [0:0]", svc))
+        # a rule the chain already holds is only restated (the whole chain is rewritten): it is the
+        # chain's, not a change of the service port it serves (one service added to a shared
+        # chain listed every other one there as changed)
+        kept = {r.args for r in old} if old else set()
         for r in rules:
-            fill.append(Operation("+", "rule", where, r.to_text(counters=False), rule_owner(r) or svc))
+            owner = svc if r.args in kept else rule_owner(r) or svc
+            fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner))
     for name in sorted(set(have.chains) - set(want.chains)):
         old = have.chains[name]
         svc = chain_owner(name, old)
