@@ -30,6 +30,14 @@ class Operation:
         return d
 
 
+def view_entry(addresses: set[str], endpoints: set[str]) -> dict[str, list[str]]:
+    """One service port's view (Backend.service_view), sorted. An address that also has a verdict
+    ("X (drop)", "X (reject)": new traffic to it is refused before any DNAT) is listed with its
+    verdict alone: "X" beside "X (drop)" read as a contradiction."""
+    refused = {a.split(" (", 1)[0] for a in addresses if a.endswith(")")}
+    return {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(endpoints)}
+
+
 class Backend(Protocol):
     """A kernel load-balancing backend (nftables, iptables, ...)."""
 

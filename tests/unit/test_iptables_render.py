@@ -221,6 +221,14 @@ def test_service_view_reads_the_same_as_nftables():
     want = NftablesBackend().service_view(NftablesBackend().render(d))
     assert service_view(render(d)) == want
     assert want["monitoring/prometheus:web/TCP"]["addresses"] == ["10.96.30.9:9090/tcp (reject)"]
+    # node-c has no local endpoint of the ETP Local frontend: its external addresses are listed
+    # with their DROP alone (the DNAT beside it serves nothing new), the ClusterIP as it is
+    d = example_state(BuildOptions("node-c", ("10.244.0.0/16",), ("10.96.0.0/16",)))
+    want = NftablesBackend().service_view(NftablesBackend().render(d))
+    assert service_view(render(d)) == want
+    assert want["shop/frontend:https/TCP"]["addresses"] == [
+        "10.96.20.30:443/tcp", "172.30.1.10:443/tcp (drop)", "172.30.1.50:443/tcp (drop)",
+        "[fd00:31::10]:443/tcp (drop)", "[fd00:96::20:30]:443/tcp", "nodePort 31443/tcp (drop)"]
 
 
 def test_first_apply_script_is_one_restore_per_family():
@@ -445,7 +453,7 @@ def test_local_policies_without_local_endpoints_drop():
     assert len(ext) == 4 and ext[0].startswith("-s 10.244.2.1/32 ") and ext[0].endswith("-j RECONCILER-MARK-MASQ")
     assert ext[1].startswith("-s 10.244.0.0/16 ") and all("LOCAL" in r for r in ext[2:])
     view = service_view(m)
-    assert view[web.id]["addresses"] == ["10.96.0.10:80/tcp", "nodePort 30080/tcp", "nodePort 30080/tcp (drop)"]
+    assert view[web.id]["addresses"] == ["10.96.0.10:80/tcp", "nodePort 30080/tcp (drop)"]
     assert view[itp.id]["addresses"] == ["10.96.0.11:80/tcp (drop)"]
     nft = NftablesBackend()
     assert view == nft.service_view(nft.render(d))

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import Operation
+from ..base import Operation, view_entry
 from ..generation import commits_between, generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
@@ -211,8 +211,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                 ep, sid = _value(r.args, "--to-destination"), rule_owner(r)
                 if ep and sid and r.target == "DNAT" and (only is None or sid in only):
                     entry(sid)["endpoints"].add(ep)
-    return {k: {"addresses": sorted(v["addresses"]), "endpoints": sorted(v["endpoints"])}
-            for k, v in sorted(view.items())}
+    return {k: view_entry(v["addresses"], v["endpoints"]) for k, v in sorted(view.items())}
 
 
 # restore lines that change the table whenever its commit succeeds: a rule appended or inserted

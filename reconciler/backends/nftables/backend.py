@@ -7,7 +7,7 @@ import re
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import KernelError, Operation
+from ..base import KernelError, Operation, view_entry
 from ..generation import generation
 from . import kernel
 from .diff import diff, owner, script
@@ -159,5 +159,4 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
                 for m in (_V6_EP if table.family == "ip6" else _V4_EP).finditer(rule.split("dnat", 1)[1]):
                     ip, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
                     entry(sid)["endpoints"].add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
-    return {k: {"addresses": sorted(v["addresses"]), "endpoints": sorted(v["endpoints"])}
-            for k, v in sorted(view.items())}
+    return {k: view_entry(v["addresses"], v["endpoints"]) for k, v in sorted(view.items())}
