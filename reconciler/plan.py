@@ -92,7 +92,7 @@ class Plan:
                     omitted += len(ops)
                     continue
                 lines.append(f"  # {name}")
-                lines += [f"  {op.action} {op.text}" for op in ops[:room]]
+                lines += [f"  {op.action} {_shown(op)}" for op in ops[:room]]
                 shown += min(room, len(ops))
                 if len(ops) > room:
                     lines.append(f"    ... {len(ops) - room} more of {name}")
@@ -102,6 +102,15 @@ class Plan:
             lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)
+
+
+def _shown(op: Operation) -> str:
+    """An operation's command as the text plan shows it: an iptables restore line after its tool
+    and table ("[ip6tables nat] -A ..."), which the line itself does not name (nft's do)."""
+    tool, _, rest = op.name.partition(" ")
+    if tool in ("iptables", "ip6tables"):
+        return f"[{tool} {rest.partition(' ')[0]}] {op.text}"
+    return op.text
 
 
 RULES_ONLY = "~ its rules (traffic policy, session affinity, source ranges...): see its kernel operations"

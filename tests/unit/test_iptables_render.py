@@ -767,3 +767,12 @@ def test_rule_counts_for_kube_proxys_iptables_total_and_last():
     assert backend.rules_written(change) == written_lines(change)
     assert 0 < backend.rules_written(change)["nat"] < backend.rule_counts(after)["nat"] // 10
     assert backend.rule_counts(after)["nat"] < backend.rule_counts(before)["nat"]
+
+
+def test_the_text_plan_names_each_restore_line_s_tool_and_table():
+    """A restore line does not say which family or table it is for; the text plan puts them first."""
+    from reconciler.plan import Plan
+    text = Plan("iptables", "node-a", operations=diff(render(example_state()), IptablesModel())).to_text(10_000)
+    assert f"  + [iptables filter] :{FILTER} - [0:0]" in text
+    assert f"  + [ip6tables nat] :{SERVICES} - [0:0]" in text
+    assert not any(line.startswith(("  + :", "  + -A")) for line in text.splitlines())
