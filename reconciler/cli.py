@@ -33,14 +33,14 @@ pending.
 
 
 def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, ...] = (),
-            config_note: str = "") -> None:
+            config_note: str = "", mode_help: str = "kernel backend (default: the file's mode, else nftables)") -> None:
     if source:
         p.add_argument("--source", required=True, metavar="DIR",
                        help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
     p.add_argument("--config", metavar="FILE",
                    help="a kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1; its nftables: "
                         "or iptables: section, that of the mode run, is read); flags win over it" + config_note)
-    p.add_argument("--mode", choices=MODES, help="kernel backend (default: the file's mode, else nftables)")
+    p.add_argument("--mode", choices=MODES, help=mode_help)
     p.add_argument("--node-name", help="this node's name (default: the file's hostnameOverride, else the hostname)")
     p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
                    help="pod CIDRs (one, or one of each family, as kube-proxy; several per family are taken "
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, source=False, output=("yaml", "json"))
     p = sub.add_parser("cleanup", help="remove every kernel object this tool owns (both modes unless --mode), "
                                         "nothing else")
-    _common(p, source=False)
+    _common(p, source=False, mode_help="remove only this mode's objects (default: both modes)")
     p = sub.add_parser("run", help="reconcile continuously from a directory or the Kubernetes API")
     _common(p, source=False, config_note="; when its content changes, run exits 1, to be started again with it")
     p.add_argument("--source", required=True, metavar="DIR|kubernetes",
@@ -193,6 +193,7 @@ def _dump(data: Any, fmt: str) -> None:
         from ruamel.yaml import YAML
         y = YAML(typ="safe", pure=True)
         y.default_flow_style = False
+        y.width = 1 << 16  # a rule on one line (at 80 columns its text was folded: grep missed it)
         y.sort_base_mapping_type_on_output = False  # type: ignore[attr-defined]
         y.dump(data, sys.stdout)
 
@@ -215,7 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputErrors as exc:
         for e in exc.errors:
             print(f"error: {e}", file=sys.stderr)
-        print(f"{len(exc.errors)} error(s); the kernel was not changed", file=sys.stderr)
+        changes = args.command in ("apply", "run")  # (the others never change the kernel)
+        print(f"{len(exc.errors)} error(s)" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
         return EXIT_ERROR
     except (InputError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -218,7 +218,9 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
         if kind in KINDS:
             raise InputError(locate(("apiVersion",)), f"unsupported apiVersion {api_version!r} for {kind}",
                              ("apiVersion",))
-        result.warnings.append(f"{locate(())}: skipping unsupported kind {api_version}/{kind}")
+        what = (f"unsupported kind {api_version}/{kind}" if api_version is not None or kind is not None
+                else "a document without apiVersion and kind (no Kubernetes object)")
+        result.warnings.append(f"{locate(())}: skipping {what}")
         return
     meta = obj.get("metadata")
     if isinstance(meta, dict) and meta.get("name") is not None and not isinstance(meta["name"], str):

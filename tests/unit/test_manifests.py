@@ -79,6 +79,10 @@ def test_unknown_kind_is_a_warning_with_place(tmp_path):
     result = load_directory(tmp_path)
     assert result.objects == []
     assert len(result.warnings) == 1 and "cm.yaml:1:1" in result.warnings[0] and "ConfigMap" in result.warnings[0]
+    # a YAML document of something else (a compose file) is not "kind None/None"
+    write(tmp_path, "cm.yaml", "services:\n  web: {image: nginx}\n")
+    assert load_directory(tmp_path).warnings == [
+        f"{tmp_path / 'cm.yaml'}:1:1: skipping a document without apiVersion and kind (no Kubernetes object)"]
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):
