@@ -113,7 +113,7 @@ def _shown(op: Operation) -> str:
     return op.text
 
 
-RULES_ONLY = "~ its rules (traffic policy, session affinity, source ranges...): see its kernel operations"
+RULES_ONLY = "~ its rules (traffic policy, masquerading...): see its kernel operations"
 
 
 def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]],
@@ -152,16 +152,19 @@ def _action(old: dict[str, Any] | None, new: dict[str, Any] | None, touched: boo
     return "+" if old is None else "-" if new is None else "~"
 
 
-_NOUNS = {"addresses": "address", "endpoints": "endpoint"}
+_NOUNS = {"addresses": "address", "endpoints": "endpoint", "sourceRanges": "source range",
+          "affinity": "session affinity"}  # a view's lists, in the order the plan shows them
 
 
 def _describe(view: dict[str, Any], sign: str) -> tuple[str, ...]:
-    return tuple(f"{sign} {_NOUNS.get(k, k)} {v}" for k in ("addresses", "endpoints") for v in view.get(k, []))
+    return tuple(f"{sign} {noun} {v}" for k, noun in _NOUNS.items() for v in view.get(k, []))
 
 
 def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
     from deepdiff import DeepDiff  # imported when needed: it is slow to import
 
+    # every list present on both sides: a list that appears or goes is items added or removed
+    old, new = ({k: view.get(k, []) for k in _NOUNS} for view in (old, new))
     dd = DeepDiff(old, new, ignore_order=True, view="tree")
     added: dict[str, list[str]] = {}
     removed: dict[str, list[str]] = {}
@@ -174,7 +177,7 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
         removed.setdefault(key, []).append(str(level.t1))
         added.setdefault(key, []).append(str(level.t2))
     lines = []
-    for key in ("addresses", "endpoints"):
+    for key in _NOUNS:
         for v in sorted(removed.get(key, [])):
             lines.append(f"- {_NOUNS[key]} {v}")
         for v in sorted(added.get(key, [])):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import tempfile
@@ -30,12 +31,23 @@ class Operation:
         return d
 
 
-def view_entry(addresses: set[str], endpoints: set[str]) -> dict[str, list[str]]:
-    """One service port's view (Backend.service_view), sorted. An address that also has a verdict
-    ("X (drop)", "X (reject)": new traffic to it is refused before any DNAT) is listed with its
-    verdict alone: "X" beside "X (drop)" read as a contradiction."""
+def view_entry(addresses: set[str], endpoints: set[str], source_ranges: set[str] = frozenset(),
+               affinity: set[str] = frozenset()) -> dict[str, list[str]]:
+    """One service port's view (Backend.service_view), sorted: its addresses, endpoints, the
+    sources its load balancer IPs allow ("172.30.0.0/24": a network, whatever the kernel tool
+    printed) and its session affinity ("ClientIP 600s"); the last two only when it has them.
+
+    An address that also has a verdict ("X (drop)", "X (reject)": new traffic to it is refused
+    before any DNAT) is listed with its verdict alone: "X" beside "X (drop)" read as a
+    contradiction."""
     refused = {a.split(" (", 1)[0] for a in addresses if a.endswith(")")}
-    return {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(endpoints)}
+    view = {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(endpoints)}
+    if source_ranges:
+        nets = {ipaddress.ip_network(r, strict=False) for r in source_ranges}
+        view["sourceRanges"] = [str(n) for n in sorted(nets, key=lambda n: (n.version, n))]  # type: ignore[operator]
+    if affinity:
+        view["affinity"] = sorted(affinity)
+    return view
 
 
 class Backend(Protocol):

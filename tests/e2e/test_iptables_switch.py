@@ -299,6 +299,28 @@ def test_a_service_added_to_rewritten_shared_chains_is_the_only_one_planned(ns: 
     assert doc["summary"].startswith("Plan: 1 service port to add, 0 to change, 0 to remove;")
 
 
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_the_plan_names_source_ranges_and_affinity_read_back_from_the_kernel(
+        ns: Netns, tmp_path: Path, mode: str) -> None:
+    """The service views of what the kernel holds carry the source ranges and the affinity as the
+    rendered ones do: a plan lists just what changed, in those terms."""
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16,fd00:244::/32",
+             "--mode", mode)
+    ns.reconciler("apply", *flags, flavour="nft")
+    for name, old, new in (("frontend", "198.51.100.0/24", "10.0.0.0/8"), ("cart", "timeoutSeconds: 600",
+                                                                            "timeoutSeconds: 900")):
+        path = src / "shop" / f"{name}.yaml"
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, new))
+    doc = json.loads(ns.reconciler("plan", *flags, "-o", "json", flavour="nft", check=False).stdout)
+    assert {s["service"]: s["changes"] for s in doc["services"]} == {
+        "shop/cart:http/TCP": ["- session affinity ClientIP 600s", "+ session affinity ClientIP 900s"],
+        "shop/frontend:https/TCP": ["- source range 198.51.100.0/24", "+ source range 10.0.0.0/8"],
+    }
+
+
 def test_flavour_follows_the_kubelet_hint(ns: Netns) -> None:
     ns.run("iptables-legacy", "-t", "mangle", "-N", "KUBE-IPTABLES-HINT")
     ns.reconciler("apply", "--mode", "iptables", *FLAGS)  # no override: detected

@@ -776,3 +776,27 @@ def test_the_text_plan_names_each_restore_line_s_tool_and_table():
     assert f"  + [iptables filter] :{FILTER} - [0:0]" in text
     assert f"  + [ip6tables nat] :{SERVICES} - [0:0]" in text
     assert not any(line.startswith(("  + :", "  + -A")) for line in text.splitlines())
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_plan_names_the_source_ranges_and_the_affinity_that_change(mode):
+    """Source ranges and session affinity are read back from each backend's rules into the
+    service views, so a plan says what changed rather than "its rules"."""
+    import copy
+
+    from reconciler.plan import service_changes
+
+    objects = load_directory(STATE_DIR).objects
+    changed = copy.deepcopy(objects)
+    for obj in changed:
+        if obj.kind == "Service" and obj.name == "frontend":
+            obj.body["spec"]["loadBalancerSourceRanges"] = ["172.30.0.0/24", "10.0.0.0/8", "fd00:30::/64"]
+        if obj.kind == "Service" and obj.name == "cart":
+            obj.body["spec"]["sessionAffinityConfig"]["clientIP"]["timeoutSeconds"] = 900
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    views = [backend.service_view(backend.render(build_desired_state(objs, OPTS))) for objs in (objects, changed)]
+    changes = {c.service: c.details for c in service_changes(*views)}
+    assert changes == {
+        "shop/frontend:https/TCP": ("- source range 198.51.100.0/24", "+ source range 10.0.0.0/8"),
+        "shop/cart:http/TCP": ("- session affinity ClientIP 600s", "+ session affinity ClientIP 900s"),
+    }

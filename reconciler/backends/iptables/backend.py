@@ -189,7 +189,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
     view: dict[str, dict[str, set[str]]] = {}
 
     def entry(sid: str) -> dict[str, set[str]]:
-        return view.setdefault(sid, {"addresses": set(), "endpoints": set()})
+        return view.setdefault(sid, {"addresses": set(), "endpoints": set(), "sources": set(), "affinity": set()})
 
     for tables in model.families.values():
         nat, filt = tables.get("nat", TableState()), tables.get("filter", TableState())
@@ -208,10 +208,18 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                 entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
         for name, rules in _service_chains(nat.chains, only):
             for r in rules:  # DNATs inline in SVC/EXT, and in SEP chains for hairpin / affinity endpoints
-                ep, sid = _value(r.args, "--to-destination"), rule_owner(r)
-                if ep and sid and r.target == "DNAT" and (only is None or sid in only):
+                sid = rule_owner(r)
+                if not sid or (only is not None and sid not in only):
+                    continue
+                if r.target == "DNAT" and (ep := _value(r.args, "--to-destination")):
                     entry(sid)["endpoints"].add(ep)
-    return {k: view_entry(v["addresses"], v["endpoints"]) for k, v in sorted(view.items())}
+                elif name.startswith(FW_PREFIX) and r.target and r.target.startswith((EXT_PREFIX, SVC_PREFIX)):
+                    if src := _value(r.args, "-s"):  # a source the LB IPs allow
+                        entry(sid)["sources"].add(src)
+                elif "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
+                    entry(sid)["affinity"].add(f"ClientIP {seconds}s")
+    return {k: view_entry(v["addresses"], v["endpoints"], v["sources"], v["affinity"])
+            for k, v in sorted(view.items())}
 
 
 # restore lines that change the table whenever its commit succeeds: a rule appended or inserted

@@ -17,6 +17,7 @@ from .render import Renderer, shard_of, shard_table_name
 
 log = logging.getLogger(__name__)
 
+FIREWALL_ALLOW = "firewall-allow"  # (render's set: LB IP . protocol . port . a source it allows)
 _SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodeports": "nodePort ",
                  "no-endpoint-nodeports": "nodePort "}
 _V4_EP = re.compile(r"(\d+\.\d+\.\d+\.\d+) \. (\d+)|to (\d+\.\d+\.\d+\.\d+):(\d+)")
@@ -130,7 +131,7 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
     view: dict[str, dict[str, Any]] = {}
 
     def entry(sid: str) -> dict[str, Any]:
-        return view.setdefault(sid, {"addresses": set(), "endpoints": set()})
+        return view.setdefault(sid, {"addresses": set(), "endpoints": set(), "sources": set(), "affinity": set()})
 
     tables = list(model.tables.values())
     if only is not None:  # their shard tables and the main ones: O(len(only)), not O(services)
@@ -138,6 +139,11 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
         tables = [t for t in tables if t.name in names]
     for table in tables:
         for name, s in table.sets.items():
+            if name == FIREWALL_ALLOW:  # LB IP . protocol . port . allowed source
+                for key, (_, comment) in s.elements.items():
+                    if comment and (only is None or comment in only):
+                        entry(comment)["sources"].add(key.rsplit(" . ", 1)[-1])
+                continue
             if name not in _SERVICE_MAPS:
                 continue
             for key, (value, comment) in s.elements.items():
@@ -154,9 +160,13 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
             if sid is None or (only is not None and sid not in only):
                 continue
             for rule in chain.rules:
+                if " saddr @aff-" in rule:  # the endpoint this source was sent to before: affinity
+                    aff = table.sets.get(rule.split(" saddr @", 1)[1].split(" ", 1)[0])
+                    if aff is not None:
+                        entry(sid)["affinity"].add(f"ClientIP {aff.timeout}s")
                 if "dnat" not in rule:
                     continue
                 for m in (_V6_EP if table.family == "ip6" else _V4_EP).finditer(rule.split("dnat", 1)[1]):
                     ip, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
                     entry(sid)["endpoints"].add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
-    return {k: view_entry(v["addresses"], v["endpoints"]) for k, v in sorted(view.items())}
+    return {k: view_entry(v["addresses"], v["endpoints"], v["sources"], v["affinity"]) for k, v in sorted(view.items())}
