@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     p = sub.add_parser("validate", help="check the manifests: schema and semantics, file:line:column errors")
     _common(p)
+    p.add_argument("--strict", action="store_true",
+                   help="fail (exit 1) on any warning too, such as an unknown field or no Node of this node's name "
+                        "(the warnings are printed all the same)")
     p = sub.add_parser("render", help="print the canonical desired-state document")
     _common(p, output=("yaml", "json"))
     p = sub.add_parser("plan", help="dry run: what apply would change in the kernel (exit 0 in sync, 2 changes)")
@@ -230,7 +233,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+class _WarningCount(logging.Handler):
+    """Counts the warnings logged while attached (validate --strict)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+    @classmethod
+    def attach(cls) -> _WarningCount:
+        """A new counter on our loggers (any left by a call that failed is dropped first)."""
+        for h in [h for h in log.handlers if isinstance(h, cls)]:
+            log.removeHandler(h)
+        counter = cls()
+        log.addHandler(counter)
+        return counter
+
+
 def _dispatch(args: argparse.Namespace) -> int:
+    warned = _WarningCount.attach() if getattr(args, "strict", False) else None  # (the --config file's count too)
     opts = options_from(args)
     if args.command == "run":
         from .daemon import run
@@ -238,7 +262,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     gcpolicy.one_shot()
     backend = get_backend(opts.mode)
     if args.command == "validate":
-        desired = load_desired(args.source, opts)
+        try:
+            desired = load_desired(args.source, opts)
+        finally:
+            if warned is not None:
+                log.removeHandler(warned)
+        if warned is not None and warned.count:
+            print(f"{args.source}: {warned.count} warning(s), which --strict makes errors", file=sys.stderr)
+            return EXIT_ERROR
         print(f"{args.source}: valid ({len(desired.services)} service ports)")
         return EXIT_OK
     if args.command == "render":

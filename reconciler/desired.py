@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from sys import intern
 from typing import Any, Callable, Iterable
 
+from . import fields
+from .fields import unknown_fields
 from .sources.objects import InputConflict, InputError, InputErrors, Path, SourceObject, format_path
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
@@ -230,6 +232,21 @@ class _Reader:
         return v
 
 
+# what the API server serves holds only fields of its Kubernetes version (it drops any other as it
+# decodes an object): one unknown here is of a newer version, no misspelling, and is not checked
+_API_ORIGIN = "kubernetes:"  # (sources/kubernetes.py's locations)
+_SERVICE = fields.SERVICE
+_NODE = fields.NODE
+
+
+def _warn_unknown(r: _Reader, unknown: tuple[Path, ...], type_: fields.Type, base: Path = ()) -> None:
+    """A warning at each of the `unknown` fields (fields.unknown_fields of an object of `type_`,
+    at `base`); none for an object read from the API server."""
+    if not r.obj.location.origin.startswith(_API_ORIGIN):
+        for p in unknown:
+            r.warn(base + p, fields.unknown_field_message(fields.field_type(type_, p), p[-1]))
+
+
 def _tname(kind: Any) -> str:
     names = {int: "integer", str: "string", list: "list", dict: "mapping", bool: "boolean", float: "number"}
     if isinstance(kind, tuple):
@@ -282,6 +299,8 @@ def _port_name(r: _Reader, path: Path) -> str:
 
 def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     r = _Reader(obj, warnings)
+    if type(obj.body) is dict and (unknown := unknown_fields(obj.body, _SERVICE)):
+        _warn_unknown(r, unknown, _SERVICE)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
@@ -442,8 +461,25 @@ class _Slice:
     endpoints: tuple[EndpointInfo, ...]  # with the slice's port if it has one port, else 0 (see `ports`)
 
 
+_SLICE = fields.ENDPOINT_SLICE.without("endpoints")  # (each endpoint is checked as _parse_slice reads it)
+_ENDPOINT = fields.ENDPOINT
+_ENDPOINT_FIELDS = fields.ENDPOINT.fields.issuperset
+_CONDITION_FIELDS = fields.ENDPOINT_CONDITIONS.fields.issuperset
+_REFERENCE_FIELDS = fields.OBJECT_REFERENCE.fields.issuperset
+_UNKNOWN = object()  # (a condition's value when one is unknown: no boolean, so _endpoint reads it)
+
+
+def _known_fields(raw: dict[str, Any]) -> bool:
+    """Whether every field of an endpoint of no usual shape (see _parse_slice), and of its
+    targetRef, is known (its conditions: _parse_slice; its hints: _endpoint)."""
+    ref = raw.get("targetRef")
+    return _ENDPOINT_FIELDS(raw) and (type(ref) is not dict or _REFERENCE_FIELDS(ref))
+
+
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     r = _Reader(obj, warnings)
+    if type(obj.body) is dict and (unknown := unknown_fields(obj.body, _SLICE)):
+        _warn_unknown(r, unknown, _SLICE)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None
@@ -478,16 +514,25 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     v6 = family == "ipv6"
     af = socket.AF_INET6 if v6 else socket.AF_INET
     for i, raw in enumerate(r.typed(("endpoints",), list, [])):
-        # the usual endpoint (one address, boolean conditions, names, no hints) decided here; any
-        # other shape, or anything wrong, by _endpoint, which names the place of what is wrong
+        # the usual endpoint (one address, boolean conditions, names, no hints, no unknown field)
+        # decided here; any other shape, or anything wrong, by _endpoint, which names the place of
+        # what is wrong
         ep = None
         if type(raw) is dict and "hints" not in raw:
-            addrs, cond = raw.get("addresses"), raw.get("conditions")
+            addrs, cond = raw.get("addresses"), raw.get("conditions") or _NO_CONDITIONS
             node_name, zone = raw.get("nodeName"), raw.get("zone")
-            if (type(addrs) is list and len(addrs) == 1 and type(addrs[0]) is str and (cond is None or type(cond) is dict)
-                    and (node_name is None or type(node_name) is str) and (zone is None or type(zone) is str)):
-                get = (cond or _NO_CONDITIONS).get
-                ready, serving, terminating = get("ready"), get("serving"), get("terminating")
+            if (type(addrs) is list and len(addrs) == 1 and type(addrs[0]) is str and type(cond) is dict
+                    and (node_name is None or type(node_name) is str) and (zone is None or type(zone) is str)
+                    # no unknown field: only those read here (counted), else compared as sets
+                    and ((len(raw) == (3 if zone is None else 4) and node_name is not None
+                          and cond is not _NO_CONDITIONS) or _known_fields(raw))):
+                ready = cond.get("ready")
+                if len(cond) == 1 and ready is not None:  # the usual conditions: ready alone
+                    serving = terminating = None
+                elif _CONDITION_FIELDS(cond):
+                    serving, terminating = cond.get("serving"), cond.get("terminating")
+                else:  # an unknown field: _endpoint names it
+                    ready = serving = terminating = _UNKNOWN
                 if ((ready is None or type(ready) is bool) and (serving is None or type(serving) is bool)
                         and (terminating is None or type(terminating) is bool)):
                     try:
@@ -514,6 +559,8 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
     base = ("endpoints", i)
     if not isinstance(raw, dict):
         raise r.error(base, "expected a mapping")
+    if unknown := unknown_fields(raw, _ENDPOINT):
+        _warn_unknown(r, unknown, _ENDPOINT, base)
     addrs = raw.get("addresses")
     if not isinstance(addrs, list) and addrs is not None:
         raise r.error(base + ("addresses",), f"expected a list of addresses, got {_tname(type(addrs))}")
@@ -706,6 +753,7 @@ class BuildCache:
         self.services: dict[tuple[str, str], tuple[SourceObject, _Service]] = {}
         self.slices: dict[tuple[str, str], dict[int, tuple[SourceObject, _Slice]]] = defaultdict(dict)
         self.node_obj: SourceObject | None = None
+        self.node_names: dict[int, str] = {}  # of every Node object (see _node_missing)
         self.node = NodeInfo("")
         self.results: dict[tuple[str, str], tuple[list[ServicePort], HealthCheck | None]] = {}
         self.ports: dict[str, ServicePort] = {}
@@ -751,6 +799,11 @@ class BuildCache:
         if node_obj is not None and (id(node_obj) not in objects if objects is not None else
                                      any(o is node_obj for o in removed)):
             node_obj = None
+        node_names = self.node_names
+        if any(o.kind == "Node" for o in itertools.chain(added, removed)):
+            removed_ids = {id(o) for o in removed}
+            node_names = {i: n for i, n in node_names.items() if i not in removed_ids}
+            node_names.update((id(o), o.name) for o in added if o.kind == "Node")
         for obj in added:
             try:
                 mine: list[str] = []
@@ -758,9 +811,14 @@ class BuildCache:
                     parsed[id(obj)] = (_parse_service(obj, mine), tuple(mine))
                 elif obj.kind == "EndpointSlice":
                     parsed[id(obj)] = (_parse_slice(obj, mine), tuple(mine))
-                elif obj.kind == "Node" and obj.name == opts.node_name:
-                    _Reader(obj).typed(("metadata", "labels"), dict, {})
-                    node_obj = obj
+                elif obj.kind == "Node":
+                    r = _Reader(obj, mine)
+                    if type(obj.body) is dict and (unknown := unknown_fields(obj.body, _NODE)):
+                        _warn_unknown(r, unknown, _NODE)
+                    if obj.name == opts.node_name:
+                        r.typed(("metadata", "labels"), dict, {})
+                        node_obj = obj
+                    parsed[id(obj)] = (None, tuple(mine))
             except InputError as exc:
                 errors.append(exc)
             except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a shape no check above foresaw
@@ -817,7 +875,7 @@ class BuildCache:
                 results[key] = None
         nodeports = self._check_nodeports(results, services)
 
-        self.options, self.node_obj, self.node = opts, node_obj, node
+        self.options, self.node_obj, self.node, self.node_names = opts, node_obj, node, node_names
         if objects is not None:
             self.objects = objects
         else:
@@ -856,6 +914,8 @@ class BuildCache:
         cluster = _split_cidrs(opts.cluster_cidrs)
         service_cidrs = _split_cidrs(opts.service_cidrs)
         nodeport_cidrs = opts.nodeport_cidrs
+        if node_obj is None and node_names:
+            warnings.append(_node_missing(opts.node_name, node_names.values()))
         if nodeport_cidrs == (NODEPORT_PRIMARY,):
             nodeport_cidrs = _primary_cidrs(node, warnings)
         nodeport = _split_cidrs(nodeport_cidrs) if nodeport_cidrs is not None else None
@@ -896,6 +956,16 @@ class BuildCache:
         if errors:
             raise InputErrors(errors)
         return owners
+
+
+def _node_missing(name: str, names: Iterable[str], shown: int = 3) -> str:
+    """The warning of an input with Node objects but none of this node's name: the node name is
+    most likely wrong (the hostname, when no --node-name was given), and with it every decision
+    that depends on this node (its zone, its IPs, which endpoints are local)."""
+    found = sorted(set(names))
+    listing = ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
+    return (f'no Node "{name}" in the input (it has: {listing}): this node\'s zone and IPs are unknown, and only '
+            f'endpoints with nodeName "{name}" are local; is --node-name (or hostnameOverride) right?')
 
 
 def _claims(sp: ServicePort) -> list[tuple[Any, ...]]:

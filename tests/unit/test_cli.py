@@ -21,3 +21,25 @@ def test_yaml_output_keeps_a_long_rule_on_one_line(capsys: pytest.CaptureFixture
     rule = "meta l4proto tcp " * 12 + "dnat to 10.244.1.5:8080"
     _dump({"rules": [rule]}, "yaml")
     assert f"- {rule}\n" in capsys.readouterr().out
+
+
+def test_validate_strict_fails_on_any_warning_and_prints_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    svc = ("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.5\n"
+           "  ports: [{port: 80}]\n  sessionAfinity: ClientIP\n")
+    (tmp_path / "web.yaml").write_text(svc)
+    args = ["validate", "--source", str(tmp_path), "--node-name", "node-a"]
+    warning = "web.yaml:7:3: spec.sessionAfinity: unknown field of ServiceSpec"
+    assert main(args) == 0  # (a warning alone: valid)
+    assert warning in caplog.text and capsys.readouterr().out == f"{tmp_path}: valid (1 service ports)\n"
+    caplog.clear()
+    assert main([*args, "--strict"]) == 1
+    assert warning in caplog.text  # (printed all the same)
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"{tmp_path}: 1 warning(s), which --strict makes errors\n"
+    caplog.clear()
+    (tmp_path / "web.yaml").write_text(svc.replace("sessionAfinity", "sessionAffinity"))
+    assert main([*args, "--strict"]) == 0 and not caplog.text
+    (tmp_path / "node.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n")
+    assert main([*args, "--strict"]) == 1  # (no Node of this node's name)
+    assert 'no Node "node-a" in the input (it has: node-b)' in caplog.text

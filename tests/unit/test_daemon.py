@@ -867,6 +867,32 @@ def test_daemon_with_directory_source(tmp_path: Path) -> None:
     assert backend.kernel == {}  # an empty (valid) directory does remove everything
 
 
+def test_a_warning_is_logged_once_while_it_holds_and_again_when_it_changes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every build says that no Node has this node's name, or that a field is unknown; the log
+    says it once (and again only when its text changes)."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "node.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n")
+    d, backend, clock = directory_daemon(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="reconciler"):
+        d.step()
+        (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=81) + "  sessionAfinity: x\n")
+        next_sync(d, clock)
+        clock.advance(SYNC)
+        d.step()  # (a full resync)
+        (tmp_path / "node.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node-c}\n")
+        next_sync(d, clock)
+    said = [r.getMessage() for r in caplog.records if "no Node" in r.getMessage() or "unknown field" in r.getMessage()]
+    assert [m.replace(f"{tmp_path}/", "") for m in said] == [
+        'no Node "node-a" in the input (it has: node-b): this node\'s zone and IPs are unknown, and only endpoints '
+        'with nodeName "node-a" are local; is --node-name (or hostnameOverride) right?',
+        "a.yaml:12:3: spec.sessionAfinity: unknown field of ServiceSpec, ignored (did you mean sessionAffinity?); "
+        "kubectl's strict field validation would refuse it",
+        'no Node "node-a" in the input (it has: node-c): this node\'s zone and IPs are unknown, and only endpoints '
+        'with nodeName "node-a" are local; is --node-name (or hostnameOverride) right?',
+    ]
+
+
 def test_first_start_on_a_kernel_without_our_objects_programs_the_readable_files(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))

@@ -339,7 +339,8 @@ def test_a_nodeport_outside_the_api_servers_range_is_warned_about():
 
 def test_the_usual_endpoint_reads_the_same_on_the_fast_path_as_with_every_check():
     """_parse_slice decides the usual endpoint itself; _endpoint reads any endpoint with every
-    check. On 2,000 random usual (and some unusual) endpoints the two agree field for field."""
+    check. On 2,000 random usual (and some unusual) endpoints the two agree field for field, and
+    warn alike of unknown fields."""
     from reconciler.desired import _endpoint, _parse_slice, _Reader
 
     rnd = random.Random(7)
@@ -349,17 +350,53 @@ def test_the_usual_endpoint_reads_the_same_on_the_fast_path_as_with_every_check(
         for i in range(1000):
             ep: dict = {"addresses": [make(i)]}
             cond = {k: rnd.choice([True, False, None]) for k in ("ready", "serving", "terminating") if rnd.random() < 0.7}
+            if rnd.random() < 0.05:
+                cond["servng"] = True
             if cond or rnd.random() < 0.5:
-                ep["conditions"] = cond if rnd.random() < 0.9 else None
+                ep["conditions"] = cond if rnd.random() < 0.9 else rnd.choice([None, {}])
             if rnd.random() < 0.8:
                 ep["nodeName"] = rnd.choice(["node-a", "node-b", ""])
             if rnd.random() < 0.3:
                 ep["zone"] = rnd.choice(["zone-a", ""])
             if rnd.random() < 0.05:
                 ep["hints"] = {"forZones": [{"name": "zone-a"}]}  # (always the careful path)
+            if rnd.random() < 0.2:  # (as the API serves a Pod's endpoint)
+                ep["targetRef"] = {"kind": "Pod", "name": f"web-{i}", rnd.choice(["namespace", "namspace"]): "default"}
+            for extra in ("hostname", "nodename"):  # (a field, and a misspelt one)
+                if rnd.random() < 0.05:
+                    ep[extra] = "web"
             eps.append(ep)
         sl = endpoint_slice("web", eps, family=addr_type)
-        parsed = _parse_slice(sl, [])
+        fast: list[str] = []
+        parsed = _parse_slice(sl, fast)
         assert parsed is not None
-        careful = [_endpoint(_Reader(sl), raw, i, family, addr_type, 8080) for i, raw in enumerate(eps)]
+        slow: list[str] = []
+        careful = [_endpoint(_Reader(sl, slow), raw, i, family, addr_type, 8080) for i, raw in enumerate(eps)]
         assert list(parsed.endpoints) == careful
+        assert sorted(fast) == sorted(slow) and len(slow) > 100
+
+
+def test_nodes_in_the_input_but_none_of_this_nodes_name_are_warned_about_once_per_build():
+    """The node name defaults to the hostname: a wrong one silently changes topology and traffic
+    policies (no endpoint is local). With no Node in the input at all there is nothing to say."""
+    from reconciler.desired import BuildCache
+
+    objs = [service("web", "10.96.0.1", HTTP), endpoint_slice("web", [endpoint("10.244.1.5")]), node("node-a")]
+    assert build(objs).warnings == ()
+    assert build(objs[:2], node_name="vm").warnings == ()
+    state = build(objs, node_name="vm")
+    assert state.warnings == (
+        'no Node "vm" in the input (it has: node-a): this node\'s zone and IPs are unknown, and only endpoints with '
+        'nodeName "vm" are local; is --node-name (or hostnameOverride) right?',)
+    more = objs + [node(f"node-{c}") for c in "edcb"]
+    assert "(it has: node-a, node-b, node-c and 2 more)" in build(more, node_name="vm").warnings[0]
+    # a build with memory says it each time (the daemon logs a warning once, until it changes)
+    # and no more once this node's Node comes
+    cache = BuildCache()
+    opts = BuildOptions("vm", ("10.244.0.0/16",))
+    for _ in range(2):
+        assert cache.build(objs, opts).warnings == state.warnings
+    assert cache.update([node("vm")], [], opts).warnings == ()
+    assert "(it has: node-a)" in cache.update([], [o for o in cache.objects.values() if o.name == "vm"],
+                                               opts).warnings[0]
+    assert cache.update([], [objs[2]], opts).warnings == ()  # (no Node at all)

@@ -8,7 +8,7 @@ import pytest
 
 from reconciler.desired import BuildOptions, build_desired_state
 from reconciler.sources.manifests import load_directory
-from reconciler.sources.objects import InputErrors
+from reconciler.sources.objects import InputErrors, Location, SourceObject
 
 
 def errors_for(tmp_path, text: str) -> str:
@@ -315,3 +315,96 @@ def test_what_the_api_server_refuses_and_kube_proxy_cannot_use_stays_refused(tmp
         "[10.244.1.5]", '["fd00::5", "::ffff:10.244.1.5"]')  # (the API server refuses it there too)
     assert ("svc.yaml:20:28: endpoints[1].addresses[1]: '::ffff:10.244.1.5', read as 10.244.1.5, is not an IPv6 "
             "address") in errors_for(tmp_path, v6)
+
+
+MISSPELT = """apiVersion: v1
+kind: Service
+metadata: {name: cart, namespace: shop, lables: {app: cart}, annotations: {any/thing: x}}
+spec:
+  clusterIP: 10.96.20.40
+  selector: {app: cart, anyKey: x}
+  ports:
+    - {name: http, port: 80, targetPrt: 8080}
+  sessionAfinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSecond: 600}}
+status:
+  loadBalancer: {ingress: [{ip: 192.0.2.7, ports: [{port: 80, protocl: TCP}]}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: cart-1
+  namespace: shop
+  labels: {kubernetes.io/service-name: cart, anyKey: x}
+addressType: IPv4
+ports: [{name: http, port: 8080, appProtocl: http}]
+endpoints:
+  - addresses: [10.244.1.31]
+    conditions: {ready: true}
+    nodename: node-a
+  - addresses: [10.244.1.32]
+    conditions: {ready: true, servng: true}
+    nodeName: node-a
+  - addresses: [10.244.1.33]
+    nodeName: node-b
+    hints: {forZones: [{name: zone-b, weight: 1}], forNodes: [{name: node-b}]}
+  - addresses: [10.244.1.34]
+    targetRef: {kind: Pod, name: cart-4, namspace: shop}
+  - addresses: [10.244.1.35]
+    conditions: {ready: true}
+    hostname: cart-5
+    targetRef: {kind: Pod, name: cart-5, namespace: shop, uid: "1234"}
+    zone: zone-a
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a, lables: {topology.kubernetes.io/zone: zone-a}}
+spec: {podCIDR: 10.244.1.0/24, anyField: x}
+stauts: {}
+"""
+
+
+def test_a_field_the_api_type_does_not_have_is_warned_at_its_place_and_ignored(tmp_path):
+    """As kubectl's strict field validation finds them (Kubernetes v1.36's types), in Services,
+    EndpointSlices (each shape of endpoint) and a Node's top level and metadata; free-form maps
+    (labels, annotations, selector) and a Node's spec are not looked into."""
+    state, warnings = build_warnings(tmp_path, MISSPELT)
+    tail = "kubectl's strict field validation would refuse it"
+    assert warnings == sorted([
+        f"svc.yaml:3:41: metadata.lables: unknown field of ObjectMeta, ignored (did you mean labels?); {tail}",
+        f"svc.yaml:8:30: spec.ports[0].targetPrt: unknown field of ServicePort, ignored (did you mean "
+        f"targetPort?); {tail}",
+        f"svc.yaml:9:3: spec.sessionAfinity: unknown field of ServiceSpec, ignored (did you mean "
+        f"sessionAffinity?); {tail}",
+        f"svc.yaml:10:38: spec.sessionAffinityConfig.clientIP.timeoutSecond: unknown field of ClientIPConfig, "
+        f"ignored (did you mean timeoutSeconds?); {tail}",
+        f"svc.yaml:12:63: status.loadBalancer.ingress[0].ports[0].protocl: unknown field of PortStatus, ignored "
+        f"(did you mean protocol?); {tail}",
+        f"svc.yaml:21:34: ports[0].appProtocl: unknown field of EndpointPort, ignored (did you mean "
+        f"appProtocol?); {tail}",
+        f"svc.yaml:25:5: endpoints[0].nodename: unknown field of Endpoint, ignored (did you mean nodeName?); {tail}",
+        f"svc.yaml:27:31: endpoints[1].conditions.servng: unknown field of EndpointConditions, ignored (did you "
+        f"mean serving?); {tail}",
+        f"svc.yaml:31:39: endpoints[2].hints.forZones[0].weight: unknown field of ForZone, ignored; {tail}",
+        f"svc.yaml:33:42: endpoints[3].targetRef.namspace: unknown field of ObjectReference, ignored (did you "
+        f"mean namespace?); {tail}",
+        f"svc.yaml:42:26: metadata.lables: unknown field of ObjectMeta, ignored (did you mean labels?); {tail}",
+        f"svc.yaml:44:1: stauts: unknown field of Node, ignored (did you mean status?); {tail}",
+    ])
+    sp = state.by_id()["shop/cart:http/TCP"]
+    assert sp.affinityTimeoutSeconds is None  # (what the misspelling costs: no sticky sessions)
+    assert state.node.zone is None  # (the Node's labels were misspelt too)
+    assert len(sp.family("ipv4").internal.endpoints) == 5  # (every shape of endpoint read as usual)
+    # the endpoint whose nodeName is misspelt is not local to node-a
+    state, _ = build_warnings(tmp_path, MISSPELT.replace("sessionAfinity: ClientIP", "internalTrafficPolicy: Local"))
+    assert [str(e) for e in state.by_id()["shop/cart:http/TCP"].family("ipv4").internal.endpoints] == [
+        "10.244.1.32:8080"]
+
+
+def test_objects_the_api_server_served_are_not_checked_for_unknown_fields(tmp_path):
+    """It drops unknown fields as it decodes an object: any it serves are of a newer Kubernetes."""
+    with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
+        fh.write(MISSPELT)
+    objects = [SourceObject(o.kind, o.namespace, o.name, o.body, Location(f"kubernetes:{o.kind}/{o.name}"))
+               for o in load_directory(tmp_path).objects]
+    assert build_desired_state(objects, BuildOptions("node-a")).warnings == ()
