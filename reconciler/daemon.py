@@ -54,8 +54,8 @@ from .health import (
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.manifests import may_hold_a_node
-from .sources.objects import InputConflict, InputError, InputErrors, Location, SourceObject
-from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot, some_paths
+from .sources.objects import InputConflict, InputError, InputErrors, Location, SourceObject, name_some
+from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot
 from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
@@ -350,7 +350,8 @@ class Daemon:
         if not snap.changed and self.desired is not None and not self._input.errors:
             return
         if snap.reread or snap.removed:
-            log.debug("re-read %s; dropped %s", some_paths(snap.reread), some_paths(snap.removed),
+            log.debug("re-read %s; dropped %s",
+                      name_some(snap.reread, LOGGED_PATHS), name_some(snap.removed, LOGGED_PATHS),
                       extra=_fields(reread=snap.reread[:LOGGED_PATHS], reread_count=len(snap.reread),
                                     removed=snap.removed[:LOGGED_PATHS], removed_count=len(snap.removed)))
         errors: list[InputError] = list(snap.errors)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 from . import fields
 from .fields import unknown_fields
-from .sources.objects import InputConflict, InputError, InputErrors, Path, SourceObject, format_path
+from .sources.objects import InputConflict, InputError, InputErrors, Path, SourceObject, format_path, name_some
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
     ServicePortFamily, TrafficPath,
@@ -962,8 +962,7 @@ def _node_missing(name: str, names: Iterable[str], shown: int = 3) -> str:
     """The warning of an input with Node objects but none of this node's name: the node name is
     most likely wrong (the hostname, when no --node-name was given), and with it every decision
     that depends on this node (its zone, its IPs, which endpoints are local)."""
-    found = sorted(set(names))
-    listing = ", ".join(found[:shown]) + (f" and {len(found) - shown} more" if len(found) > shown else "")
+    listing = name_some(sorted(set(names)), shown)
     return (f'no Node "{name}" in the input (it has: {listing}): this node\'s zone and IPs are unknown, and only '
             f'endpoints with nodeName "{name}" are local; is --node-name (or hostnameOverride) right?')
 

@@ -26,6 +26,14 @@ class Location:
         return f"{self.origin}:{self.line}:{self.column}"
 
 
+def name_some(names: list[str], shown: int, none: str = "nothing") -> str:
+    """The first `shown` names, and how many more ("a, b and 3 more"); `none` for none."""
+    if not names:
+        return none
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
 def format_path(path: Path) -> str:
     """('spec', 'ports', 0, 'port') -> 'spec.ports[0].port'."""
     out = ""

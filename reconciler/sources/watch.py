@@ -28,19 +28,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Container, Iterable
 
 from .manifests import SUFFIXES, LoadResult, duplicate_errors, load_file, manifest_files
-from .objects import InputError, SourceObject
+from .objects import InputError, SourceObject, name_some
 
 log = logging.getLogger(__name__)
 
 LOGGED_PATHS = 10  # files a log line names (a first start or a big pull: 10k names, ~1 MB a line)
-
-
-def some_paths(paths: list[str]) -> str:
-    """Up to LOGGED_PATHS of the paths, and how many more ("nothing" for none)."""
-    if not paths:
-        return "nothing"
-    more = len(paths) - LOGGED_PATHS
-    return ", ".join(paths[:LOGGED_PATHS]) + (f" and {more} more" if more > 0 else "")
 
 Signature = tuple[int, int, int, int]
 Identity = tuple[str, int, int]  # the root's real path, st_dev, st_ino
@@ -234,7 +226,8 @@ class DirectorySource:
                     if changes:
                         paths = {os.path.abspath(p) for _, p in changes}
                         if log.isEnabledFor(logging.DEBUG):
-                            log.debug("manifest changes: %s", some_paths(sorted(f"{c.name} {p}" for c, p in changes)))
+                            log.debug("manifest changes: %s",
+                                      name_some(sorted(f"{c.name} {p}" for c, p in changes), LOGGED_PATHS))
                         with self._lock:
                             self._dirty |= paths
                         self._notify()
