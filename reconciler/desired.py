@@ -15,7 +15,6 @@ from sys import intern
 from typing import Any, Callable, Iterable
 
 from . import fields
-from .fields import unknown_fields
 from .sources.objects import InputConflict, InputError, InputErrors, Path, SourceObject, format_path, name_some
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
@@ -235,16 +234,16 @@ class _Reader:
 # what the API server serves holds only fields of its Kubernetes version (it drops any other as it
 # decodes an object): one unknown here is of a newer version, no misspelling, and is not checked
 _API_ORIGIN = "kubernetes:"  # (sources/kubernetes.py's locations)
-_SERVICE = fields.SERVICE
-_NODE = fields.NODE
 
 
-def _warn_unknown(r: _Reader, unknown: tuple[Path, ...], type_: fields.Type, base: Path = ()) -> None:
-    """A warning at each of the `unknown` fields (fields.unknown_fields of an object of `type_`,
-    at `base`); none for an object read from the API server."""
-    if not r.obj.location.origin.startswith(_API_ORIGIN):
-        for p in unknown:
-            r.warn(base + p, fields.unknown_field_message(fields.field_type(type_, p), p[-1]))
+def _warn_unknown(r: _Reader, value: Any, type_: fields.Type, base: Path = ()) -> None:
+    """A warning at each field of `value` (an object of `type_` at `base`: a mapping, else its
+    reader's error) and of its nested objects that their types do not have (fields.unknown_fields);
+    none for an object read from the API server."""
+    if type(value) is dict and (unknown := fields.unknown_fields(value, type_)):
+        if not r.obj.location.origin.startswith(_API_ORIGIN):
+            for p in unknown:
+                r.warn(base + p, fields.unknown_field_message(fields.field_type(type_, p), p[-1]))
 
 
 def _tname(kind: Any) -> str:
@@ -299,8 +298,7 @@ def _port_name(r: _Reader, path: Path) -> str:
 
 def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     r = _Reader(obj, warnings)
-    if type(obj.body) is dict and (unknown := unknown_fields(obj.body, _SERVICE)):
-        _warn_unknown(r, unknown, _SERVICE)
+    _warn_unknown(r, obj.body, fields.SERVICE)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
@@ -462,7 +460,6 @@ class _Slice:
 
 
 _SLICE = fields.ENDPOINT_SLICE.without("endpoints")  # (each endpoint is checked as _parse_slice reads it)
-_ENDPOINT = fields.ENDPOINT
 _ENDPOINT_FIELDS = fields.ENDPOINT.fields.issuperset
 _CONDITION_FIELDS = fields.ENDPOINT_CONDITIONS.fields.issuperset
 _REFERENCE_FIELDS = fields.OBJECT_REFERENCE.fields.issuperset
@@ -478,8 +475,7 @@ def _known_fields(raw: dict[str, Any]) -> bool:
 
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     r = _Reader(obj, warnings)
-    if type(obj.body) is dict and (unknown := unknown_fields(obj.body, _SLICE)):
-        _warn_unknown(r, unknown, _SLICE)
+    _warn_unknown(r, obj.body, _SLICE)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None
@@ -559,8 +555,7 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
     base = ("endpoints", i)
     if not isinstance(raw, dict):
         raise r.error(base, "expected a mapping")
-    if unknown := unknown_fields(raw, _ENDPOINT):
-        _warn_unknown(r, unknown, _ENDPOINT, base)
+    _warn_unknown(r, raw, fields.ENDPOINT, base)
     addrs = raw.get("addresses")
     if not isinstance(addrs, list) and addrs is not None:
         raise r.error(base + ("addresses",), f"expected a list of addresses, got {_tname(type(addrs))}")
@@ -813,8 +808,7 @@ class BuildCache:
                     parsed[id(obj)] = (_parse_slice(obj, mine), tuple(mine))
                 elif obj.kind == "Node":
                     r = _Reader(obj, mine)
-                    if type(obj.body) is dict and (unknown := unknown_fields(obj.body, _NODE)):
-                        _warn_unknown(r, unknown, _NODE)
+                    _warn_unknown(r, obj.body, fields.NODE)
                     if obj.name == opts.node_name:
                         r.typed(("metadata", "labels"), dict, {})
                         node_obj = obj
