@@ -31,22 +31,28 @@ class Operation:
         return d
 
 
-def view_entry(addresses: set[str], endpoints: set[str], source_ranges: set[str] = frozenset(),
-               affinity: set[str] = frozenset()) -> dict[str, list[str]]:
-    """One service port's view (Backend.service_view), sorted: its addresses, endpoints, the
-    sources its load balancer IPs allow ("172.30.0.0/24": a network, whatever the kernel tool
-    printed) and its session affinity ("ClientIP 600s"); the last two only when it has them.
+def view_sets() -> dict[str, set[str]]:
+    """What a backend's service_view collects of one service port, for view_entry()."""
+    return {"addresses": set(), "endpoints": set(), "sources": set(), "affinity": set()}
+
+
+def view_entry(sets: dict[str, set[str]]) -> dict[str, list[str]]:
+    """One service port's view (Backend.service_view) from its view_sets(), sorted: its addresses,
+    endpoints, the sources its load balancer IPs allow ("172.30.0.0/24": a network, whatever the
+    kernel tool printed) and its session affinity ("ClientIP 600s"); the last two only when it
+    has them.
 
     An address that also has a verdict ("X (drop)", "X (reject)": new traffic to it is refused
     before any DNAT) is listed with its verdict alone: "X" beside "X (drop)" read as a
     contradiction."""
+    addresses = sets["addresses"]
     refused = {a.split(" (", 1)[0] for a in addresses if a.endswith(")")}
-    view = {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(endpoints)}
-    if source_ranges:
-        nets = {ipaddress.ip_network(r, strict=False) for r in source_ranges}
+    view = {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(sets["endpoints"])}
+    if sets["sources"]:
+        nets = {ipaddress.ip_network(r, strict=False) for r in sets["sources"]}
         view["sourceRanges"] = [str(n) for n in sorted(nets, key=lambda n: (n.version, n))]  # type: ignore[operator]
-    if affinity:
-        view["affinity"] = sorted(affinity)
+    if sets["affinity"]:
+        view["affinity"] = sorted(sets["affinity"])
     return view
 
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import Operation, view_entry
+from ..base import Operation, view_entry, view_sets
 from ..generation import commits_between, generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
@@ -189,7 +189,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
     view: dict[str, dict[str, set[str]]] = {}
 
     def entry(sid: str) -> dict[str, set[str]]:
-        return view.setdefault(sid, {"addresses": set(), "endpoints": set(), "sources": set(), "affinity": set()})
+        return view.setdefault(sid, view_sets())
 
     for tables in model.families.values():
         nat, filt = tables.get("nat", TableState()), tables.get("filter", TableState())
@@ -218,8 +218,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                         entry(sid)["sources"].add(src)
                 elif "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
                     entry(sid)["affinity"].add(f"ClientIP {seconds}s")
-    return {k: view_entry(v["addresses"], v["endpoints"], v["sources"], v["affinity"])
-            for k, v in sorted(view.items())}
+    return {k: view_entry(v) for k, v in sorted(view.items())}
 
 
 # restore lines that change the table whenever its commit succeeds: a rule appended or inserted

@@ -7,7 +7,7 @@ import re
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import KernelError, Operation, view_entry
+from ..base import KernelError, Operation, view_entry, view_sets
 from ..generation import generation
 from . import kernel
 from .diff import diff, owner, script
@@ -131,7 +131,7 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
     view: dict[str, dict[str, Any]] = {}
 
     def entry(sid: str) -> dict[str, Any]:
-        return view.setdefault(sid, {"addresses": set(), "endpoints": set(), "sources": set(), "affinity": set()})
+        return view.setdefault(sid, view_sets())
 
     tables = list(model.tables.values())
     if only is not None:  # their shard tables and the main ones: O(len(only)), not O(services)
@@ -169,4 +169,4 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
                 for m in (_V6_EP if table.family == "ip6" else _V4_EP).finditer(rule.split("dnat", 1)[1]):
                     ip, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
                     entry(sid)["endpoints"].add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
-    return {k: view_entry(v["addresses"], v["endpoints"], v["sources"], v["affinity"]) for k, v in sorted(view.items())}
+    return {k: view_entry(v) for k, v in sorted(view.items())}
