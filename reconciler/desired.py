@@ -320,11 +320,11 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         paths = []
     if any(r.get(p) == "None" for p in paths):
         return None  # headless
-    if not paths or r.get(paths[0]) == "":
-        warnings.append(f"{obj.where(('spec',))}: Service {obj.namespace}/{obj.name} has no clusterIP; skipped")
-        return None
+    # no clusterIP yet (the API server allocates one; a manifest written by hand may lack it): the
+    # Service is skipped, with a warning, once the rest of it is checked (its errors are errors all the same)
+    unallocated = not paths or r.get(paths[0]) == ""
     cluster_ips: dict[Family, str] = {}
-    for p in paths:
+    for p in paths if not unallocated else ():
         ip = r.ip(p)
         fam = ip_family(ip)
         if fam in cluster_ips:
@@ -399,6 +399,10 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         raise r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}")
     itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
     hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
+
+    if unallocated:
+        warnings.append(f"{obj.where(('spec',))}: Service {obj.namespace}/{obj.name} has no clusterIP; skipped")
+        return None
 
     def frozen(d: dict[Family, list[str]]) -> dict[Family, tuple[str, ...]]:
         return {k: tuple(sorted(set(v), key=_ip_key)) for k, v in d.items()}

@@ -408,3 +408,15 @@ def test_objects_the_api_server_served_are_not_checked_for_unknown_fields(tmp_pa
     objects = [SourceObject(o.kind, o.namespace, o.name, o.body, Location(f"kubernetes:{o.kind}/{o.name}"))
                for o in load_directory(tmp_path).objects]
     assert build_desired_state(objects, BuildOptions("node-a")).warnings == ()
+
+
+def test_a_service_without_a_cluster_ip_is_checked_before_it_is_skipped(tmp_path):
+    """A hand-written manifest may leave clusterIP to the API server: the Service is skipped with
+    a warning, and what is wrong with the rest of it is still an error at its place."""
+    text = BASE.replace("  clusterIP: {ip}\n", "").format(port=70000, proto="TCP")
+    assert "svc.yaml:9:7: spec.ports[0].port: port 70000 out of range" in errors_for(tmp_path, text)
+    with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
+        fh.write(BASE.replace("  clusterIP: {ip}\n", "").format(port=80, proto="TCP"))
+    state = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
+    assert state.services == ()
+    assert any("svc.yaml:6:1: Service default/web has no clusterIP; skipped" in w for w in state.warnings)
