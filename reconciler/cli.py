@@ -33,14 +33,27 @@ pending.
 
 
 def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, ...] = (),
-            config_note: str = "", mode_help: str = "kernel backend (default: the file's mode, else nftables)") -> None:
+            config_note: str = "", mode_help: str = "kernel backend (default: the file's mode, else nftables)",
+            config: bool = True, desired: bool = True) -> None:
+    """The flags of a command; `desired`: those the desired state is built with (the commands that
+    only read or remove the kernel's objects take none of them: they would be silently unused)."""
     if source:
         p.add_argument("--source", required=True, metavar="DIR",
                        help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
-    p.add_argument("--config", metavar="FILE",
-                   help="a kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1; its nftables: "
-                        "or iptables: section, that of the mode run, is read); flags win over it" + config_note)
+    if config:
+        p.add_argument("--config", metavar="FILE",
+                       help="a kube-proxy KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1; its "
+                            "nftables: or iptables: section, that of the mode run, is read); flags win over it"
+                            + config_note)
     p.add_argument("--mode", choices=MODES, help=mode_help)
+    if desired:
+        _desired_flags(p)
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    if output:
+        p.add_argument("-o", "--output", choices=output, default=output[0], help=f"output format (default {output[0]})")
+
+
+def _desired_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node-name", help="this node's name (default: the file's hostnameOverride, else the hostname)")
     p.add_argument("--cluster-cidr", metavar="CIDR[,CIDR]",
                    help="pod CIDRs (one, or one of each family, as kube-proxy; several per family are taken "
@@ -54,9 +67,6 @@ def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, 
                         "'primary': this node's IP of each family (its Node's first InternalIP, else ExternalIP)")
     p.add_argument("--masquerade-all", action="store_true", default=None,
                    help="masquerade all traffic to ClusterIPs")
-    p.add_argument("-v", "--verbose", action="store_true", help="log debug details")
-    if output:
-        p.add_argument("-o", "--output", choices=output, default=output[0], help=f"output format (default {output[0]})")
 
 
 def _verified(planned: Any) -> str:
@@ -94,10 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify by reading the kernel back even when the ruleset generation shows that "
                         "our transaction was the only change since the kernel was read")
     p = sub.add_parser("observe", help="print what the kernel holds now (our objects only), in our model")
-    _common(p, source=False, output=("yaml", "json"))
+    _common(p, source=False, output=("yaml", "json"), desired=False,
+            mode_help="the backend whose objects to print (default: the file's mode, else nftables)")
     p = sub.add_parser("cleanup", help="remove every kernel object this tool owns (both modes unless --mode), "
                                         "nothing else")
-    _common(p, source=False, mode_help="remove only this mode's objects (default: both modes)")
+    _common(p, source=False, config=False, desired=False, mode_help="remove only this mode's objects (default: both modes)")
     p = sub.add_parser("run", help="reconcile continuously from a directory or the Kubernetes API")
     _common(p, source=False, config_note="; when its content changes, run exits 1, to be started again with it")
     p.add_argument("--source", required=True, metavar="DIR|kubernetes",
@@ -151,18 +162,19 @@ def _conntrack_flags(p: argparse.ArgumentParser) -> None:
 
 def options_from(args: argparse.Namespace) -> Options:
     opts = Options()
-    if args.config:
+    if getattr(args, "config", None):
         opts = merge(opts, load_kube_proxy_config(args.config, args.mode))
+    node_name = getattr(args, "node_name", None)  # (a command that builds no desired state has no such flags)
     flags: dict[str, Any] = {
         "mode": args.mode,
-        "node_name": args.node_name.lower() if args.node_name else None,
-        "masquerade_all": args.masquerade_all,
+        "node_name": node_name.lower() if node_name else None,
+        "masquerade_all": getattr(args, "masquerade_all", None),
         "kubeconfig": getattr(args, "kubeconfig", None),
     }
     for flag, attr, parse in (("--cluster-cidr", "cluster_cidrs", parse_cidrs),
                               ("--service-cidr", "service_cidrs", parse_cidrs),
                               ("--nodeport-addresses", "nodeport_cidrs", parse_nodeport_addresses)):
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, flag[2:].replace("-", "_"), None)
         try:
             flags[attr] = parse(value, flag) if value else None
         except ValueError as exc:
@@ -270,7 +282,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if warned is not None and warned.count:
             print(f"{args.source}: {warned.count} warning(s), which --strict makes errors", file=sys.stderr)
             return EXIT_ERROR
-        print(f"{args.source}: valid ({len(desired.services)} service ports)")
+        n = len(desired.services)
+        print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'})")
         return EXIT_OK
     if args.command == "render":
         _dump(load_desired(args.source, opts).to_dict(), args.output)

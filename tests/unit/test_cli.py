@@ -31,7 +31,7 @@ def test_validate_strict_fails_on_any_warning_and_prints_it(tmp_path: Path, caps
     args = ["validate", "--source", str(tmp_path), "--node-name", "node-a"]
     warning = "web.yaml:7:3: spec.sessionAfinity: unknown field of ServiceSpec"
     assert main(args) == 0  # (a warning alone: valid)
-    assert warning in caplog.text and capsys.readouterr().out == f"{tmp_path}: valid (1 service ports)\n"
+    assert warning in caplog.text and capsys.readouterr().out == f"{tmp_path}: valid (1 service port)\n"
     caplog.clear()
     assert main([*args, "--strict"]) == 1
     assert warning in caplog.text  # (printed all the same)
@@ -43,3 +43,15 @@ def test_validate_strict_fails_on_any_warning_and_prints_it(tmp_path: Path, caps
     (tmp_path / "node.yaml").write_text("apiVersion: v1\nkind: Node\nmetadata: {name: node-b}\n")
     assert main([*args, "--strict"]) == 1  # (no Node of this node's name)
     assert 'no Node "node-a" in the input (it has: node-b)' in caplog.text
+
+
+@pytest.mark.parametrize("command", ["observe", "cleanup"])
+def test_commands_that_build_no_desired_state_refuse_its_flags(command: str, capsys: pytest.CaptureFixture[str]
+                                                               ) -> None:
+    """observe and cleanup only read or remove the kernel's objects: a --node-name or --cluster-cidr
+    given to them would be silently unused, so it is a usage error (exit 1), before any kernel work."""
+    for flag in ("--node-name", "--cluster-cidr", "--service-cidr", "--nodeport-addresses"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, flag, "x"])
+        assert exc.value.code == 1
+        assert f"unrecognized arguments: {flag} x" in capsys.readouterr().err
