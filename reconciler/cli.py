@@ -17,7 +17,7 @@ from .config import (
     parse_duration, parse_nodeport_addresses,
 )
 from .reconcile import apply, load_desired, plan_against_kernel
-from .sources.objects import InputError, InputErrors
+from .sources.objects import InputError, InputErrors, InputWarning
 
 log = logging.getLogger("reconciler")
 
@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"service-reconciler {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     p = sub.add_parser("validate", help="check the manifests: schema and semantics, file:line:column errors")
-    _common(p)
+    _common(p, output=("text", "json"))
     p.add_argument("--strict", action="store_true",
                    help="fail (exit 1) on any warning too, such as an unknown field or no Node of this node's name "
                         "(the warnings are printed all the same)")
@@ -226,15 +226,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(message)s", stream=sys.stderr)
+    as_json = getattr(args, "output", None) == "json" and args.command != "observe"
+    # the warnings, for --strict and for a JSON document of the input's errors (the --config file's too)
+    warned = _Warnings.attach() if as_json or getattr(args, "strict", False) else None
     try:
-        return _dispatch(args)
-    except InputErrors as exc:
-        for e in exc.errors:
+        return _dispatch(args, warned)
+    except (InputErrors, InputError) as exc:
+        errors = exc.errors if isinstance(exc, InputErrors) else [exc]
+        for e in errors:
             print(f"error: {e}", file=sys.stderr)
         changes = args.command in ("apply", "run")  # (the others never change the kernel)
-        print(f"{len(exc.errors)} error(s)" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
+        print(f"{len(errors)} error(s)" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
+        if as_json and warned is not None:
+            print(json.dumps(diagnostics(args.source, errors, warned.items), indent=2))
         return EXIT_ERROR
-    except (InputError, ValueError) as exc:
+    except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # the reader went away (`plan | head`): no more output, and no complaint
@@ -243,30 +249,47 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (KernelError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if warned is not None:
+            log.removeHandler(warned)
 
 
-class _WarningCount(logging.Handler):
-    """Counts the warnings logged while attached (validate --strict)."""
+def diagnostics(source: str, errors: list[InputError], warnings: list[str], service_ports: int | None = None,
+                strict: bool = False) -> dict[str, Any]:
+    """What `validate -o json` prints, and `render`/`plan`/`apply -o json` instead of their document
+    when the input has errors: schemas/diagnostics.schema.json. `strict`: a warning invalidates too."""
+    out: dict[str, Any] = {"source": source, "valid": not errors and not (strict and warnings)}
+    if service_ports is not None:
+        out["servicePorts"] = service_ports
+    out["errors"] = [e.to_dict() for e in errors]
+    out["warnings"] = [w.to_dict() if isinstance(w, InputWarning) else {"message": w} for w in warnings]
+    return out
+
+
+class _Warnings(logging.Handler):
+    """Collects the warnings logged while attached (validate --strict, -o json): an input warning
+    as itself (InputWarning: its place and field kept), any other as its message."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self.count = 0
+        self.items: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.count += 1
+        args = record.args
+        single = args[0] if isinstance(args, tuple) and len(args) == 1 else None
+        self.items.append(single if isinstance(single, InputWarning) and record.msg == "%s" else record.getMessage())
 
     @classmethod
-    def attach(cls) -> _WarningCount:
-        """A new counter on our loggers (any left by a call that failed is dropped first)."""
+    def attach(cls) -> _Warnings:
+        """A new collector on our loggers (any left by a call that failed is dropped first)."""
         for h in [h for h in log.handlers if isinstance(h, cls)]:
             log.removeHandler(h)
-        counter = cls()
-        log.addHandler(counter)
-        return counter
+        collector = cls()
+        log.addHandler(collector)
+        return collector
 
 
-def _dispatch(args: argparse.Namespace) -> int:
-    warned = _WarningCount.attach() if getattr(args, "strict", False) else None  # (the --config file's count too)
+def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
     opts = options_from(args)
     if args.command == "run":
         from .daemon import run
@@ -274,16 +297,17 @@ def _dispatch(args: argparse.Namespace) -> int:
     gcpolicy.one_shot()
     backend = get_backend(opts.mode)
     if args.command == "validate":
-        try:
-            desired = load_desired(args.source, opts)
-        finally:
-            if warned is not None:
-                log.removeHandler(warned)
-        if warned is not None and warned.count:
-            print(f"{args.source}: {warned.count} warning(s), which --strict makes errors", file=sys.stderr)
-            return EXIT_ERROR
+        desired = load_desired(args.source, opts)
         n = len(desired.services)
-        print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'})")
+        strict = bool(getattr(args, "strict", False))
+        if args.output == "json":
+            assert warned is not None
+            print(json.dumps(diagnostics(args.source, [], warned.items, n, strict), indent=2))
+        if strict and warned is not None and warned.items:
+            print(f"{args.source}: {len(warned.items)} warning(s), which --strict makes errors", file=sys.stderr)
+            return EXIT_ERROR
+        if args.output == "text":
+            print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'})")
         return EXIT_OK
     if args.command == "render":
         _dump(load_desired(args.source, opts).to_dict(), args.output)

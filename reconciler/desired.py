@@ -15,7 +15,9 @@ from sys import intern
 from typing import Any, Callable, Iterable
 
 from . import fields
-from .sources.objects import InputConflict, InputError, InputErrors, Path, SourceObject, format_path, name_some
+from .sources.objects import (
+    InputConflict, InputError, InputErrors, InputWarning, Path, SourceObject, name_some,
+)
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
     ServicePortFamily, TrafficPath,
@@ -164,7 +166,7 @@ class _Reader:
         return InputError(self.obj.where(path), msg, path)
 
     def warn(self, path: Path, msg: str) -> None:
-        self.warnings.append(f"{self.obj.where(path)}: {format_path(path)}: {msg}")
+        self.warnings.append(InputWarning(self.obj.where(path), msg, path))
 
     def get(self, path: Path, default: Any = None) -> Any:
         node: Any = self.obj.body
@@ -346,8 +348,8 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         if svc_type == "ClusterIP" and node_port is not None:
             raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
         if node_port is not None and not 30000 <= node_port <= 32767:
-            warnings.append(f"{obj.location}: spec.ports[{i}].nodePort: {node_port} is outside the API server's "
-                            "default range 30000-32767: it takes that port on every node address it answers on")
+            r.warn(base + ("nodePort",), f"{node_port} is outside the API server's default range 30000-32767: "
+                   "it takes that port on every node address it answers on")
         r.typed(base + ("targetPort",), (int, str))
         if len(raw_ports) > 1 and not name:
             raise r.error(base + ("name",), "is required when a Service has more than one port")
@@ -401,7 +403,7 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
 
     if unallocated:
-        warnings.append(f"{obj.where(('spec',))}: Service {obj.namespace}/{obj.name} has no clusterIP; skipped")
+        warnings.append(InputWarning(obj.where(("spec",)), f"Service {obj.namespace}/{obj.name} has no clusterIP; skipped"))
         return None
 
     def frozen(d: dict[Family, list[str]]) -> dict[Family, tuple[str, ...]]:
@@ -438,8 +440,9 @@ def _primary_cidrs(node: NodeInfo, warnings: list[str]) -> tuple[str, ...]:
     cidrs = tuple(f"{a}/{32 if ip_family(a) == 'ipv4' else 128}" for a in node.addresses
                   if not ipaddress.ip_address(a).is_loopback)
     if not cidrs:
-        warnings.append(f"nodePortAddresses primary: no IP of Node {node.name!r} is known (no Node object with an "
-                        "InternalIP or ExternalIP, no bindAddress): NodePorts answer on every local address")
+        warnings.append(InputWarning(None, f"nodePortAddresses primary: no IP of Node {node.name!r} is known (no "
+                                           "Node object with an InternalIP or ExternalIP, no bindAddress): NodePorts "
+                                           "answer on every local address"))
     return cidrs
 
 
@@ -493,8 +496,8 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     if service is not None and not isinstance(service, str):
         raise r.error(("metadata", "labels", SERVICE_NAME_LABEL), f"expected string, got {_tname(type(service))}")
     if not service:
-        warnings.append(f"{obj.where(('metadata',))}: EndpointSlice {obj.namespace}/{obj.name} has no "
-                        f"{SERVICE_NAME_LABEL} label; skipped")
+        warnings.append(InputWarning(obj.where(("metadata",)), f"EndpointSlice {obj.namespace}/{obj.name} has no "
+                                     f"{SERVICE_NAME_LABEL} label; skipped"))
         return None
     family: Family = _ADDRESS_TYPES[addr_type]  # type: ignore[assignment]
     ports = []
@@ -956,13 +959,14 @@ class BuildCache:
         return owners
 
 
-def _node_missing(name: str, names: Iterable[str], shown: int = 3) -> str:
+def _node_missing(name: str, names: Iterable[str], shown: int = 3) -> InputWarning:
     """The warning of an input with Node objects but none of this node's name: the node name is
     most likely wrong (the hostname, when no --node-name was given), and with it every decision
     that depends on this node (its zone, its IPs, which endpoints are local)."""
     listing = name_some(sorted(set(names)), shown)
-    return (f'no Node "{name}" in the input (it has: {listing}): this node\'s zone and IPs are unknown, and only '
-            f'endpoints with nodeName "{name}" are local; is --node-name (or hostnameOverride) right?')
+    return InputWarning(None, f'no Node "{name}" in the input (it has: {listing}): this node\'s zone and IPs are '
+                              f'unknown, and only endpoints with nodeName "{name}" are local; is --node-name (or '
+                              'hostnameOverride) right?')
 
 
 def _claims(sp: ServicePort) -> list[tuple[Any, ...]]:

@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import fastyaml
-from .objects import KINDS, InputError, InputErrors, Location, Path, SourceObject
+from .objects import KINDS, InputError, InputErrors, InputWarning, Location, Path, SourceObject
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
                              ("apiVersion",))
         what = (f"unsupported kind {api_version}/{kind}" if api_version is not None or kind is not None
                 else "a document without apiVersion and kind (no Kubernetes object)")
-        result.warnings.append(f"{locate(())}: skipping {what}")
+        result.warnings.append(InputWarning(locate(()), f"skipping {what}"))
         return
     meta = obj.get("metadata")
     if isinstance(meta, dict) and meta.get("name") is not None and not isinstance(meta["name"], str):

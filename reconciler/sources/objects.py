@@ -94,6 +94,52 @@ class InputError(Exception):
         super().__init__(f"{where}: {field_part}{message}")
 
 
+    def to_dict(self) -> dict[str, Any]:
+        """The error for machines (`-o json`): its place, field path and message."""
+        return diagnostic(self.location, self.path, self.message)
+
+
+class InputWarning(str):
+    """A warning about the input, as its text ('state/web.yaml:12:7: spec.ports[0].nodePort: ...';
+    without a place, the message alone), which also keeps its parts for to_dict()."""
+
+    location: Location | str | None
+    path: Path
+    message: str
+
+    def __new__(cls, location: Location | str | None, message: str, path: Path = ()) -> InputWarning:
+        parts = [str(location)] if location is not None else []
+        if path:
+            parts.append(format_path(path))
+        self = super().__new__(cls, ": ".join([*parts, message]))
+        self.location, self.path, self.message = location, path, message
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (pickled by the process pool that parses manifests)
+        return InputWarning, (self.location, self.message, self.path)
+
+    def to_dict(self) -> dict[str, Any]:
+        return diagnostic(self.location, self.path, self.message)
+
+
+def diagnostic(location: Location | str | None, path: Path, message: str) -> dict[str, Any]:
+    """An error or warning for machines: file, line and column (when known), field and message;
+    schemas/diagnostics.schema.json."""
+    out: dict[str, Any] = {}
+    if isinstance(location, Location):
+        out["file"] = location.origin
+        if location.line is not None:
+            out["line"] = location.line
+        if location.column is not None:
+            out["column"] = location.column
+    elif location is not None:
+        out["file"] = str(location)
+    if path:
+        out["field"] = format_path(path)
+    out["message"] = message
+    return out
+
+
 class InputConflict(InputError):
     """Bad input that two objects make together (one ClusterIP and port, or one nodePort, for
     two Services): which of them is meant cannot be told from either."""

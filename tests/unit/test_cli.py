@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
 
 from reconciler.cli import _dump, main
@@ -55,3 +58,39 @@ def test_commands_that_build_no_desired_state_refuse_its_flags(command: str, cap
             main([command, flag, "x"])
         assert exc.value.code == 1
         assert f"unrecognized arguments: {flag} x" in capsys.readouterr().err
+
+
+def _diagnostics_schema() -> dict[str, Any]:
+    return json.loads((Path(__file__).parents[2] / "schemas" / "diagnostics.schema.json").read_text())
+
+
+def test_json_output_of_bad_input_is_a_diagnostics_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    """-o json on bad input: the errors and warnings as data on stdout (file, line, column, field,
+    message: for CI annotations), exit 1, and the same errors as text on stderr."""
+    (tmp_path / "web.yaml").write_text(
+        "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: 10.96.0.5\n"
+        "  ports: [{port: 80, nodePort: 22}]\n  type: NodePort\n  sessionAfinity: ClientIP\n")
+    args = ["--source", str(tmp_path), "--node-name", "node-a", "-o", "json"]
+    assert main(["validate", *args]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    jsonschema.validate(doc, _diagnostics_schema())
+    assert doc["valid"] and doc["servicePorts"] == 1 and doc["errors"] == []
+    assert {"file": str(tmp_path / "web.yaml"), "line": 8, "column": 3, "field": "spec.sessionAfinity",
+            "message": "unknown field of ServiceSpec, ignored (did you mean sessionAffinity?); kubectl's strict field "
+                       "validation would refuse it"} in doc["warnings"]
+    assert any(w.get("field") == "spec.ports[0].nodePort" and w["line"] == 6 for w in doc["warnings"])
+    assert main(["validate", *args, "--strict"]) == 1
+    assert json.loads(capsys.readouterr().out)["valid"] is False
+
+    (tmp_path / "bad.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: db}\nspec:\n"
+                                       "  clusterIP: 10.96.0.6\n  ports: [{port: 70000}]\n")
+    for command in ("validate", "render"):
+        assert main([command, *args]) == 1
+        out, err = capsys.readouterr()
+        doc = json.loads(out)
+        jsonschema.validate(doc, _diagnostics_schema())
+        assert doc["valid"] is False and doc["errors"] == [
+            {"file": str(tmp_path / "bad.yaml"), "line": 6, "column": 12, "field": "spec.ports[0].port",
+             "message": "port 70000 out of range 1-65535"}]
+        assert "bad.yaml:6:12: spec.ports[0].port: port 70000 out of range" in err
