@@ -118,9 +118,9 @@ RULES_ONLY = "~ its rules (traffic policy, masquerading...): see its kernel oper
 
 def service_changes(observed: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]],
                     touched: frozenset[str] | set[str] = frozenset()) -> list[ServiceChange]:
-    """Per service port, what differs between two views ({id: {addresses: [...], endpoints: [...]}});
-    a port in `touched` (the plan has operations of it) whose views are the same changes in its
-    rules alone."""
+    """Per service port, what differs between two views ({id: {addresses: [...], endpoints: [...], ...}},
+    see backends.base.view_entry); a port in `touched` (the plan has operations of it) whose views
+    are the same changes in its rules alone."""
     out = []
     for sid in sorted(set(observed) | set(desired)):
         old, new = observed.get(sid), desired.get(sid)
@@ -152,8 +152,8 @@ def _action(old: dict[str, Any] | None, new: dict[str, Any] | None, touched: boo
     return "+" if old is None else "-" if new is None else "~"
 
 
-_NOUNS = {"addresses": "address", "endpoints": "endpoint", "sourceRanges": "source range",
-          "affinity": "session affinity"}  # a view's lists, in the order the plan shows them
+_NOUNS = {"addresses": "address", "endpoints": "endpoint", "externalEndpoints": "external traffic only to endpoint",
+          "sourceRanges": "source range", "affinity": "session affinity"}  # a view's lists, in the order shown
 
 
 def _describe(view: dict[str, Any], sign: str) -> tuple[str, ...]:

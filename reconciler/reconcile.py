@@ -84,7 +84,7 @@ class Planned:
             return
         views = self._views(backend)
         if views:
-            self.plan.services = service_changes(*views, self._touched())
+            self.plan.services = service_changes(*views, self._touched(backend))
         self.described = True
 
     def count_services(self, backend: Any) -> Counter[str]:
@@ -93,7 +93,7 @@ class Planned:
         at a time (the run loop's way: its peak RSS)."""
         if self.described:
             return Counter(s.action for s in self.plan.services)
-        touched = sorted(self._touched())
+        touched = sorted(self._touched(backend))
         counts: Counter[str] = Counter()
         for i in range(0, len(touched), COUNT_CHUNK):
             part = set(touched[i:i + COUNT_CHUNK])
@@ -107,11 +107,13 @@ class Planned:
         ops = self.plan.operations
         return ops[:len(ops) - len(self.other_mode_cleanup)]
 
-    def _touched(self) -> set[str]:
-        return touched_services(self.own_operations)
+    def _touched(self, backend: Any) -> set[str]:
+        """The service ports the plan's own operations change: those they name, and those whose
+        objects go with a whole table."""
+        return touched_services(self.own_operations, backend, self.observed_model)
 
     def _views(self, backend: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        touched = self._touched()
+        touched = self._touched(backend)
         if not touched:
             return None
         return backend.service_view(self.observed_model, touched), backend.service_view(self.desired_model, touched)
@@ -216,8 +218,13 @@ def _workers(backend: Any) -> Iterator[tuple[Future[Any], Executor | None]]:
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def touched_services(ops: list[Operation]) -> set[str]:
-    return {op.service for op in ops if op.service}
+def touched_services(ops: list[Operation], backend: Any = None, observed: Any = None) -> set[str]:
+    """The service ports the operations name; with the backend and the model they were planned
+    against, also those whose objects go with a whole table (Backend.removed_whole)."""
+    named = {op.service for op in ops if op.service}
+    if backend is None or observed is None or not any(op.kind == "table" and op.action == "-" for op in ops):
+        return named
+    return named | backend.removed_whole(observed, ops)
 
 
 def other_mode_leftovers(mode: str, look_first: bool = False, unseen_only: bool = False) -> list[Operation]:
@@ -318,7 +325,7 @@ def _unseen_udp_frontends(backend: Any, planned: Planned, own: list[Operation]
     kernel held them: they were frontends before this process, which cannot know it otherwise."""
     if not conntrack.RECONCILER.first or planned.observed_model is None:
         return set()
-    removed = {s for s in touched_services(own) if s.endswith("/UDP")}
+    removed = {s for s in touched_services(own, backend, planned.observed_model) if s.endswith("/UDP")}
     if removed:
         removed -= {sp.id for sp in planned.desired.services if sp.protocol == "UDP"}
     return conntrack.view_frontends(backend.service_view(planned.observed_model, removed)) if removed else set()

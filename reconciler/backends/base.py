@@ -32,15 +32,19 @@ class Operation:
 
 
 def view_sets() -> dict[str, set[str]]:
-    """What a backend's service_view collects of one service port, for view_entry()."""
+    """What a backend's service_view collects of one service port, for view_entry(). "endpoints"
+    are those its cluster traffic (to its ClusterIP) reaches; a backend adds "external", the
+    endpoints traffic to its external addresses (nodePort, externalIPs, LB IPs) from outside this
+    node reaches, for a service port whose rules DNAT that traffic on a path of its own."""
     return {"addresses": set(), "endpoints": set(), "sources": set(), "affinity": set()}
 
 
 def view_entry(sets: dict[str, set[str]]) -> dict[str, list[str]]:
     """One service port's view (Backend.service_view) from its view_sets(), sorted: its addresses,
-    endpoints, the sources its load balancer IPs allow ("172.30.0.0/24": a network, whatever the
-    kernel tool printed) and its session affinity ("ClientIP 600s"); the last two only when it
-    has them.
+    endpoints, the endpoints its external traffic reaches when they are others (see
+    _other_endpoints), the sources its load balancer IPs allow ("172.30.0.0/24": a network,
+    whatever the kernel tool printed) and its session affinity ("ClientIP 600s"); the last three
+    only when it has them.
 
     An address that also has a verdict ("X (drop)", "X (reject)": new traffic to it is refused
     before any DNAT) is listed with its verdict alone: "X" beside "X (drop)" read as a
@@ -48,12 +52,27 @@ def view_entry(sets: dict[str, set[str]]) -> dict[str, list[str]]:
     addresses = sets["addresses"]
     refused = {a.split(" (", 1)[0] for a in addresses if a.endswith(")")}
     view = {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(sets["endpoints"])}
+    external = sets.get("external")
+    if external and _other_endpoints(external, sets["endpoints"]):
+        view["externalEndpoints"] = sorted(external)
     if sets["sources"]:
         nets = {ipaddress.ip_network(r, strict=False) for r in sets["sources"]}
         view["sourceRanges"] = [str(n) for n in sorted(nets, key=lambda n: (n.version, n))]  # type: ignore[operator]
     if sets["affinity"]:
         view["affinity"] = sorted(sets["affinity"])
     return view
+
+
+def _other_endpoints(external: set[str], cluster: set[str]) -> bool:
+    """Whether external traffic reaches other endpoints than cluster traffic in an IP family it is
+    DNATed in ("[...]:port" are IPv6): externalTrafficPolicy Local (this node's endpoints alone),
+    or internalTrafficPolicy Local the other way round. (A family without external addresses,
+    e.g. an externalIP of one family, differs in nothing; one whose external traffic is DNATed
+    nowhere shows that as its addresses' verdict.)"""
+    if external == cluster:
+        return False
+    return any({e for e in external if (e[0] == "[") == v6} != {e for e in cluster if (e[0] == "[") == v6}
+               for v6 in {e[0] == "[" for e in external})
 
 
 class Backend(Protocol):
@@ -98,8 +117,14 @@ class Backend(Protocol):
         iptables)."""
 
     def service_view(self, model: Any, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
-        """Per service port (or just those in `only`): its addresses and endpoints as a model
-        shows them (for people)."""
+        """Per service port (or just those in `only`): its addresses, endpoints (its external
+        traffic's too, when others), source ranges and affinity as a model shows them (for
+        people; see view_entry)."""
+
+    def removed_whole(self, observed: Any, operations: list[Operation]) -> set[str]:
+        """The service ports whose objects the operations remove without naming them, with a whole
+        table that `observed` holds them in (asked only of operations that delete a table): with
+        the operations' own, what a plan touches."""
 
     def cleanup(self, look_first: bool = False) -> list[Operation]:
         """Operations removing every kernel object this tool owns (and nothing else). `look_first`:

@@ -300,24 +300,27 @@ def test_a_service_added_to_rewritten_shared_chains_is_the_only_one_planned(ns: 
 
 
 @pytest.mark.parametrize("mode", ["nftables", "iptables"])
-def test_the_plan_names_source_ranges_and_affinity_read_back_from_the_kernel(
+def test_the_plan_names_source_ranges_affinity_and_external_endpoints_read_back_from_the_kernel(
         ns: Netns, tmp_path: Path, mode: str) -> None:
-    """The service views of what the kernel holds carry the source ranges and the affinity as the
+    """The service views of what the kernel holds carry the source ranges, the affinity and the
+    endpoints of external traffic (ETP Local: frontend's, unchanged, are not listed) as the
     rendered ones do: a plan lists just what changed, in those terms."""
     src = tmp_path / "state"
     shutil.copytree(STATE, src)
     flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16,fd00:244::/32",
              "--mode", mode)
     ns.reconciler("apply", *flags, flavour="nft")
-    for name, old, new in (("frontend", "198.51.100.0/24", "10.0.0.0/8"), ("cart", "timeoutSeconds: 600",
-                                                                            "timeoutSeconds: 900")):
-        path = src / "shop" / f"{name}.yaml"
+    for name, old, new in (("shop/frontend", "198.51.100.0/24", "10.0.0.0/8"),
+                           ("shop/cart", "timeoutSeconds: 600", "timeoutSeconds: 900"),
+                           ("default/web", "type: NodePort\n", "type: NodePort\n  externalTrafficPolicy: Local\n")):
+        path = src / f"{name}.yaml"
         assert old in path.read_text()
         path.write_text(path.read_text().replace(old, new))
     doc = json.loads(ns.reconciler("plan", *flags, "-o", "json", flavour="nft", check=False).stdout)
     assert {s["service"]: s["changes"] for s in doc["services"]} == {
         "shop/cart:http/TCP": ["- session affinity ClientIP 600s", "+ session affinity ClientIP 900s"],
         "shop/frontend:https/TCP": ["- source range 198.51.100.0/24", "+ source range 10.0.0.0/8"],
+        "default/web:http/TCP": ["+ external traffic only to endpoint 10.244.1.5:8080"],
     }
 
 

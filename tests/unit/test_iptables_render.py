@@ -506,6 +506,10 @@ def test_observed_model_diffs_empty_and_cleanup_removes_only_ours():
     # the v6 filter table was not recorded: only it is (re)created
     ops = diff(want, have)
     assert ops and all(op.name.startswith("ip6tables filter ") for op in ops)
+    # the save reads as our rendering, ETP Local's endpoints of external traffic too (SEP chains)
+    frontend = "shop/frontend:https/TCP"
+    assert service_view(have, {frontend}) == service_view(want, {frontend})
+    assert service_view(have, {frontend})[frontend]["externalEndpoints"] == ["10.244.1.20:8443", "[fd00:244:1::20]:8443"]
     ops = diff(IptablesModel(), have)
     text = restore_inputs(ops)["iptables"]
     assert "FOREIGN" not in text and "--dport 22" not in text
@@ -800,3 +804,82 @@ def test_a_plan_names_the_source_ranges_and_the_affinity_that_change(mode):
         "shop/frontend:https/TCP": ("- source range 198.51.100.0/24", "+ source range 10.0.0.0/8"),
         "shop/cart:http/TCP": ("- session affinity ClientIP 600s", "+ session affinity ClientIP 900s"),
     }
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_plan_names_the_endpoints_external_traffic_reaches(mode):
+    """externalTrafficPolicy: Local sends traffic to a service port's external addresses
+    (nodePort, externalIPs, LB IPs) to this node's endpoints alone: its view lists them beside
+    the endpoints its cluster traffic reaches, read back from the rules for external traffic.
+    An ordinary service port's view has no such list; a plan turning the policy Local adds it."""
+    import copy
+    import json
+    import os
+
+    import jsonschema
+    from helpers import REPO
+
+    from reconciler.plan import Plan, service_changes
+
+    objects = load_directory(STATE_DIR).objects
+    local = copy.deepcopy(objects)
+    for obj in local:
+        if obj.kind == "Service" and obj.name == "web":
+            obj.body["spec"]["externalTrafficPolicy"] = "Local"
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    before, after = (backend.render(build_desired_state(objs, OPTS)) for objs in (objects, local))
+    views = [backend.service_view(m) for m in (before, after)]
+    frontend = views[0]["shop/frontend:https/TCP"]
+    assert frontend["endpoints"] == ["10.244.1.20:8443", "10.244.2.20:8443", "[fd00:244:1::20]:8443",
+                                     "[fd00:244:2::20]:8443"]
+    assert frontend["externalEndpoints"] == ["10.244.1.20:8443", "[fd00:244:1::20]:8443"]
+    assert [sid for sid, v in views[0].items() if "externalEndpoints" in v] == ["shop/frontend:https/TCP"]
+    web = "default/web:http/TCP"
+    assert backend.service_view(after, {web}) == {web: views[1][web]}
+    plan = Plan(mode, "node-a", service_changes(*views), backend.diff(after, before))
+    assert [(s.service, s.action, s.details) for s in plan.services] == [
+        (web, "~", ("+ external traffic only to endpoint 10.244.1.5:8080",))]
+    assert "      + external traffic only to endpoint 10.244.1.5:8080" in plan.to_text().splitlines()
+    added = Plan(mode, "node-a", service_changes({}, views[0]), backend.diff(before, type(before)()))
+    assert "+ external traffic only to endpoint [fd00:244:1::20]:8443" in added.to_dict()["services"][-1]["changes"]
+    with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
+        schema = json.load(fh)
+    for p in (plan, added):
+        jsonschema.validate(json.loads(p.to_json()), schema)
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_the_endpoints_external_traffic_reaches_under_each_policy(mode):
+    """internalTrafficPolicy: Local the other way round (cluster traffic to this node's endpoints,
+    external traffic to all); both Local, or external traffic of one family where cluster traffic
+    of both, or no local endpoint (its external addresses then show their DROP): no list."""
+    def nodeport(name: str, ip: str, port: int, **spec: str) -> object:
+        return service(name, ip, [{**HTTP[0], "nodePort": port}], type="NodePort", **spec)
+
+    objs = [
+        nodeport("itp", "10.96.0.1", 30001, internalTrafficPolicy="Local"),
+        endpoint_slice("itp", [endpoint("10.244.1.1"), endpoint("10.244.2.1", node="node-b")]),
+        nodeport("sticky", "10.96.0.2", 30002, externalTrafficPolicy="Local", sessionAffinity="ClientIP"),
+        endpoint_slice("sticky", [endpoint("10.244.1.2"), endpoint("10.244.2.2", node="node-b")]),
+        nodeport("both", "10.96.0.3", 30003, externalTrafficPolicy="Local", internalTrafficPolicy="Local"),
+        endpoint_slice("both", [endpoint("10.244.1.3"), endpoint("10.244.2.3", node="node-b")]),
+        nodeport("none", "10.96.0.4", 30004, externalTrafficPolicy="Local"),
+        endpoint_slice("none", [endpoint("10.244.2.4", node="node-b")]),
+        service("dual", "10.96.0.5", HTTP, clusterIPs=["10.96.0.5", "fd00:96::5"], ipFamilies=["IPv4", "IPv6"],
+                ipFamilyPolicy="RequireDualStack", externalIPs=["172.30.1.5"]),
+        endpoint_slice("dual", [endpoint("10.244.1.5")]),
+        endpoint_slice("dual", [endpoint("fd00:244:1::5")], family="IPv6"),
+    ]
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    model = backend.render(build(objs))
+    view = backend.service_view(model)
+    assert {sid: (v["endpoints"], v.get("externalEndpoints")) for sid, v in view.items()} == {
+        "default/itp:http/TCP": (["10.244.1.1:8080"], ["10.244.1.1:8080", "10.244.2.1:8080"]),
+        "default/sticky:http/TCP": (["10.244.1.2:8080", "10.244.2.2:8080"], ["10.244.1.2:8080"]),
+        "default/both:http/TCP": (["10.244.1.3:8080"], None),
+        "default/none:http/TCP": (["10.244.2.4:8080"], None),
+        "default/dual:http/TCP": (["10.244.1.5:8080", "[fd00:244:1::5]:8080"], None),
+    }
+    assert view["default/sticky:http/TCP"]["affinity"] == ["ClientIP 10800s"]
+    assert "nodePort 30004/tcp (drop)" in view["default/none:http/TCP"]["addresses"]
+    assert backend.service_view(model, set(view)) == view

@@ -66,6 +66,10 @@ def test_recorded_kernel_output_parses_back_to_the_rendered_model():
         assert want.tables[ref].chains == have.tables[ref].chains
         assert want.tables[ref].sets == have.tables[ref].sets
     assert diff(want, have) == []
+    # the kernel's listing reads as our rendering, ETP Local's endpoints of external traffic too
+    assert service_view(have) == service_view(want)
+    assert service_view(have)["shop/frontend:https/TCP"]["externalEndpoints"] == [
+        "10.244.1.20:8443", "[fd00:244:1::20]:8443"]
 
 
 def test_rule_text_matches_nft_listing():
@@ -224,6 +228,27 @@ def test_a_service_alone_in_its_shard_takes_the_shard_table_with_it():
     lonely = next(i for i, s in enumerate(shards) if shards.count(s) == 1)
     ops = diff(render(many_services(40, skip=lonely)), render(many_services(40)))
     assert [o.text for o in ops if o.kind == "table"] == [f"delete table ip reconciler-{shards[lonely]:02d}"]
+
+
+def test_a_plan_names_the_service_ports_that_go_with_a_whole_table():
+    """A `delete table` names no service port: the plan (its description, its count, the run
+    loop's count) still lists those its objects held, read from the table as observed."""
+    from reconciler.backends import get_backend
+    from reconciler.reconcile import make_plan
+
+    shards = [shard_of(f"default/svc{i}:http/TCP") for i in range(40)]
+    lonely = next(i for i, s in enumerate(shards) if shards.count(s) == 1)
+    backend = get_backend("nftables")
+    before = backend.render(many_services(40))
+    planned = make_plan(backend, many_services(40, skip=lonely), observed_model=before, other_mode=False)
+    assert [(s.action, s.service) for s in planned.plan.services] == [("-", f"default/svc{lonely}:http/TCP")]
+    assert "0 to change, 1 to remove" in planned.plan.to_text()
+    undescribed = make_plan(backend, many_services(40, skip=lonely), observed_model=before, other_mode=False,
+                            describe=False)
+    assert undescribed.count_services(backend) == {"-": 1}
+    everything = make_plan(backend, many_services(0), observed_model=before, other_mode=False)
+    assert {o.text.split()[0] for o in everything.plan.operations} == {"delete"}
+    assert len(everything.plan.services) == 40 and {s.action for s in everything.plan.services} == {"-"}
 
 
 def test_plan_reads_in_service_terms_and_json_matches_schema():

@@ -19,7 +19,7 @@ from .diff import diff, restore_lines, rule_owner, script
 from .observed import canonical_texts, read_our_tables
 from .render import (
     COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, EXTERNAL_CHECK, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX,
-    TABLES, IptablesModel, Renderer, TableState, chain_hash, is_service_chain,
+    TABLES, IptablesModel, Renderer, TableState, chain_hash,
 )
 from .save import Rule
 
@@ -117,6 +117,9 @@ class IptablesBackend:
     def cleanup(self, look_first: bool = False) -> list[Operation]:  # (one save reads everything anyway)
         return diff(IptablesModel(), self.observe())
 
+    def removed_whole(self, observed: IptablesModel, operations: list[Operation]) -> set[str]:
+        return set()  # (every chain it removes is named by an operation of its own)
+
     def model_to_dict(self, model: IptablesModel) -> dict[str, Any]:
         return model.to_dict()
 
@@ -142,20 +145,16 @@ class IptablesBackend:
         return out
 
 
+_VIEWED = (SVC_PREFIX, EXT_PREFIX, FW_PREFIX)  # the chains service_view reads (SEP: where jumped to)
+
+
 def _service_chains(chains: Mapping[str, tuple[Rule, ...]], only: set[str] | None
                     ) -> Iterable[tuple[str, tuple[Rule, ...]]]:
-    """Every service chain, or (with `only`) those service ports' chains and the SEP chains they jump to."""
+    """Every SVC, EXT and FW chain, or (with `only`) those service ports', found by name. (Their SEP
+    chains are read where a rule jumps to one.)"""
     if only is None:
-        return [(name, rules) for name, rules in chains.items() if is_service_chain(name)]
-    out = []
-    for sid in only:
-        for prefix in (SVC_PREFIX, EXT_PREFIX, FW_PREFIX):
-            name = prefix + chain_hash(sid)
-            if name in chains:
-                out.append((name, chains[name]))
-                out += [(r.target, chains[r.target]) for r in chains[name]
-                        if r.target and r.target.startswith(SEP_PREFIX) and r.target in chains]
-    return out
+        return [(name, rules) for name, rules in chains.items() if name.startswith(_VIEWED)]
+    return [(name, chains[name]) for sid in only for name in (p + chain_hash(sid) for p in _VIEWED) if name in chains]
 
 
 # --------------------------------------------------------------------------- service view
@@ -180,8 +179,19 @@ def _addr(args: tuple[str, ...]) -> str | None:
     return f"[{ip}]:{port}/{proto}" if ":" in ip else f"{ip}:{port}/{proto}"
 
 
+def _endpoint(rule: Rule, chains: Mapping[str, tuple[Rule, ...]]) -> str | None:
+    """The endpoint a rule DNATs to, inline or in the SEP chain it jumps to (hairpin, affinity)."""
+    if rule.target == "DNAT":
+        return _value(rule.args, "--to-destination")
+    if rule.target and rule.target.startswith(SEP_PREFIX) and rule.target in chains:
+        return next((ep for r in chains[rule.target] if r.target == "DNAT"
+                     and (ep := _value(r.args, "--to-destination"))), None)
+    return None
+
+
 def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses.
+    """Per service port: where it is reachable (and with which verdict), which endpoints its cluster
+    traffic reaches and which its external traffic does (its EXT chain, see base.view_entry).
 
     With `only`, just those service ports: rules that do not carry one of them as a token (their
     comment) are skipped at C speed, and only their own chains (found by name) are read.
@@ -207,17 +217,24 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
             if sid and addr and r.target in ("REJECT", "DROP") and (only is None or sid in only):
                 entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
         for name, rules in _service_chains(nat.chains, only):
-            for r in rules:  # DNATs inline in SVC/EXT, and in SEP chains for hairpin / affinity endpoints
+            # EXT: external traffic (see render), but for its ETP Local short-circuit rules (-s, or a
+            # LOCAL source): traffic of this node's pods and of the node itself, not listed
+            external = name.startswith(EXT_PREFIX)
+            for r in rules:
                 sid = rule_owner(r)
                 if not sid or (only is not None and sid not in only):
                     continue
-                if r.target == "DNAT" and (ep := _value(r.args, "--to-destination")):
-                    entry(sid)["endpoints"].add(ep)
-                elif name.startswith(FW_PREFIX) and r.target and r.target.startswith((EXT_PREFIX, SVC_PREFIX)):
-                    if src := _value(r.args, "-s"):  # a source the LB IPs allow
-                        entry(sid)["sources"].add(src)
-                elif "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
+                if name.startswith(FW_PREFIX):
+                    if r.target and r.target.startswith((EXT_PREFIX, SVC_PREFIX)) and (src := _value(r.args, "-s")):
+                        entry(sid)["sources"].add(src)  # a source the LB IPs allow
+                    continue
+                if "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
                     entry(sid)["affinity"].add(f"ClientIP {seconds}s")
+                if external and (_value(r.args, "-s") or "--src-type" in r.args):
+                    continue
+                if ep := _endpoint(r, nat.chains):
+                    sets = entry(sid)
+                    (sets.setdefault("external", set()) if external else sets["endpoints"]).add(ep)
     return {k: view_entry(v) for k, v in sorted(view.items())}
 
 

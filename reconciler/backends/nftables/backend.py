@@ -10,7 +10,7 @@ from ...state import DesiredState
 from ..base import KernelError, Operation, view_entry, view_sets
 from ..generation import generation
 from . import kernel
-from .diff import diff, owner, script
+from .diff import diff, owner, script, services_of_deleted_tables
 from .objects import TABLE, Ruleset
 from .observe import each_table, observe
 from .render import Renderer, shard_of, shard_table_name
@@ -22,6 +22,8 @@ _SERVICE_MAPS = {"service-ips": "", "no-endpoint-services": "", "service-nodepor
                  "no-endpoint-nodeports": "nodePort "}
 _V4_EP = re.compile(r"(\d+\.\d+\.\d+\.\d+) \. (\d+)|to (\d+\.\d+\.\d+\.\d+):(\d+)")
 _V6_EP = re.compile(r"([0-9a-f:]*:[0-9a-f:]*) \. (\d+)|to \[([0-9a-f:]+)\]:(\d+)")
+# how render's ext- rules for this node's own traffic begin (its pods, the node itself)
+_SHORT_CIRCUIT = ("ip saddr @cluster-cidrs ", "ip6 saddr @cluster-cidrs ", "fib saddr type local ")
 
 
 class NftablesBackend:
@@ -87,6 +89,9 @@ class NftablesBackend:
     def cleanup(self, look_first: bool = False) -> list[Operation]:
         return diff(Ruleset(), observe(look_first))
 
+    def removed_whole(self, observed: Ruleset, operations: list[Operation]) -> set[str]:
+        return services_of_deleted_tables(observed, operations)
+
     def model_to_dict(self, model: Ruleset) -> dict[str, Any]:
         return model.to_dict()
 
@@ -103,7 +108,8 @@ def _addr(key: str, prefix: str) -> str:
 
 
 def _owned_chains(chains: dict[str, Any], only: set[str] | None) -> list[tuple[str, Any]]:
-    """All chains, or (with `only`) just those service ports' chains, found by name: O(len(only))."""
+    """All chains, or (with `only`) just those service ports' svc-/ext- chains, found by name:
+    O(len(only)). (Their ep- chains are read where a rule goes to one.)"""
     if only is None:
         return list(chains.items())
     out = []
@@ -111,20 +117,21 @@ def _owned_chains(chains: dict[str, Any], only: set[str] | None) -> list[tuple[s
         ns_name, _, rest = sid.partition(":")
         port, _, proto = rest.rpartition("/")
         key = f"{ns_name}/{port}/{proto.lower()}"
-        for prefix in ("svc-", "ext-"):
-            c = chains.get(prefix + key)
-            if c is None:
-                continue
-            out.append((prefix + key, c))
-            for rule in c.rules:
-                target = rule.rsplit("goto ", 1)[-1] if "goto ep-" in rule else None
-                if target and target in chains:
-                    out.append((target, chains[target]))
+        out += [(prefix + key, chains[prefix + key]) for prefix in ("svc-", "ext-") if prefix + key in chains]
     return out
 
 
+def _dnats(rule: str, chains: dict[str, Any]) -> tuple[str, ...]:
+    """The rules that DNAT for `rule`: itself, or the ep- chain's it goes to (session affinity)."""
+    if "goto ep-" in rule:
+        target = chains.get(rule.rsplit("goto ", 1)[1])
+        return tuple(r for r in target.rules if "dnat" in r) if target is not None else ()
+    return (rule,) if "dnat" in rule else ()
+
+
 def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Per service port: where it is reachable (and with which verdict) and which endpoints it uses.
+    """Per service port: where it is reachable (and with which verdict), which endpoints its cluster
+    traffic reaches and which its external traffic does (its ext- chain, see base.view_entry).
 
     With `only`, just those service ports (the cost then follows their number, not the model's).
     """
@@ -156,17 +163,27 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
                     addr += " (drop)"
                 entry(comment)["addresses"].add(addr)
         for name, chain in _owned_chains(table.chains, only):
+            if name.startswith("ep-"):  # (read through the rules that go to it)
+                continue
             sid = owner(name)
             if sid is None or (only is not None and sid not in only):
                 continue
+            # ext-: external traffic (see render), but for its ETP Local short-circuit rules:
+            # traffic of this node's pods and of the node itself, not listed
+            external = name.startswith("ext-")
+            found: set[str] = set()
             for rule in chain.rules:
                 if " saddr @aff-" in rule:  # the endpoint this source was sent to before: affinity
-                    aff = table.sets.get(rule.split(" saddr @", 1)[1].split(" ", 1)[0])
+                    aff = table.sets.get("aff-" + rule.split(" saddr @aff-", 1)[1].split(" ", 1)[0])
                     if aff is not None:
                         entry(sid)["affinity"].add(f"ClientIP {aff.timeout}s")
-                if "dnat" not in rule:
+                if external and rule.startswith(_SHORT_CIRCUIT):
                     continue
-                for m in (_V6_EP if table.family == "ip6" else _V4_EP).finditer(rule.split("dnat", 1)[1]):
-                    ip, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-                    entry(sid)["endpoints"].add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+                for dnat in _dnats(rule, table.chains):
+                    for m in (_V6_EP if table.family == "ip6" else _V4_EP).finditer(dnat.split("dnat", 1)[1]):
+                        ip, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+                        found.add(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+            if found:
+                sets = entry(sid)
+                (sets.setdefault("external", set()) if external else sets["endpoints"]).update(found)
     return {k: view_entry(v) for k, v in sorted(view.items())}

@@ -26,6 +26,21 @@ def owner(name: str) -> str | None:
     return None
 
 
+def services_of_deleted_tables(observed: Ruleset, ops: list[Operation]) -> set[str]:
+    """The service ports whose objects go with the tables `ops` delete whole (a shard table whose
+    last service port goes, or all of ours): a `delete table` names no service port itself, so
+    these are read from the table as `observed` holds it: its per-service chains' owners and its
+    elements' comments."""
+    out: set[str] = set()
+    for op in ops:
+        if op.kind != "table" or op.action != "-" or (table := observed.tables.get(op.name)) is None:
+            continue
+        out.update(sid for sid in map(owner, table.chains) if sid is not None)
+        for s in table.sets.values():
+            out.update(comment for _, comment in s.elements.values() if comment and ":" in comment)
+    return out
+
+
 def _chain_def(t: Table, c: Chain) -> str:
     spec = f" {{ {c.base.text()} }}" if c.base else ""
     return f"add chain {t.ref} {c.name}{spec}"
