@@ -530,13 +530,33 @@ def test_jumps_are_inserted_once_and_duplicates_removed():
     extra = Rule("PREROUTING", ("-m", "comment", "--comment", "x", "-j", "RECONCILER-SERVICES"))
     have.families["ipv4"]["nat"] = TableState(nat.chains, (nat.jumps[0], nat.jumps[0], *nat.jumps[1:], extra))
     ops = diff(want, have)
-    assert [op.text for op in ops] == [
+    assert [op.text for op in ops] == [  # (the rule commented x is somebody else's: left alone)
         '-D PREROUTING -m comment --comment "service-reconciler service portals" -j RECONCILER-SERVICES',
-        '-D PREROUTING -m comment --comment x -j RECONCILER-SERVICES',
     ]
     have.families["ipv4"]["nat"] = TableState(nat.chains, nat.jumps[1:])
     assert [op.text for op in diff(want, have)] == [
         '-I PREROUTING 1 -m comment --comment "service-reconciler service portals" -j RECONCILER-SERVICES']
+
+
+def test_a_rule_that_is_not_ours_jumping_to_our_chain_is_left_alone_and_the_chain_kept(caplog):
+    """Somebody's rule in a built-in chain that jumps to one of our chains is never deleted (the
+    tool touches only its own objects): a chain it jumps to that is to go is emptied, not deleted,
+    with a warning naming the rule; emptied, it needs nothing more (the plan converges)."""
+    have = render(example_state())
+    nat = have.families["ipv4"]["nat"]
+    svc = next(n for n in nat.chains if n.startswith("RECONCILER-SVC-"))
+    theirs = Rule("PREROUTING", ("-s", "192.0.2.0/24", "-m", "comment", "--comment", "ops: canary", "-j", svc))
+    have.families["ipv4"]["nat"] = TableState(nat.chains, (*nat.jumps, theirs))
+    ops = diff(IptablesModel(), have)  # (cleanup)
+    texts = [op.text for op in ops if op.name == f"iptables nat {svc}" or op.name == "iptables nat PREROUTING"]
+    assert f":{svc} - [0:0]" in texts and f"-X {svc}" not in texts
+    assert not any("canary" in op.text for op in ops)
+    assert any(op.text == "-X RECONCILER-SERVICES" for op in ops)  # (what nobody else references still goes)
+    assert f"chain {svc} is kept (emptied), not deleted: a rule that is not ours jumps to it: -A PREROUTING " \
+           f'-s 192.0.2.0/24 -m comment --comment "ops: canary" -j {svc}' in caplog.text
+    emptied = IptablesModel()
+    emptied.families["ipv4"] = {"filter": TableState(), "nat": TableState({svc: ()}, (theirs,))}
+    assert diff(IptablesModel(), emptied) == []
 
 
 def test_read_our_tables_ignores_kube_proxy_rules():

@@ -18,6 +18,7 @@ script() groups the lines into one restore per command (iptables / ip6tables) an
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 from ..base import Operation
@@ -26,6 +27,8 @@ from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, i
 from .save import Rule, RuleOp
 
 RESTORE_ARGS = ("--noflush", "-w", "5")
+
+log = logging.getLogger(__name__)
 
 
 def rule_owner(rule: Rule) -> str | None:
@@ -83,14 +86,22 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
         for r in rules:
             owner = svc if r.args in kept else rule_owner(r) or svc
             fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner))
+    # a rule of a built-in chain that jumps to one of ours but is not one of our jumps (its comment)
+    # is somebody else's: left alone, and the chain it jumps to is emptied rather than deleted
+    theirs = [r.without_counters() for r in have.jumps if not _is_our_jump(r)]
+    referenced = {r.target: r for r in theirs}
     for name in sorted(set(have.chains) - set(want.chains)):
         old = have.chains[name]
         svc = chain_owner(name, old)
         if old:
             declare.append(Operation("~", "chain", obj(name), f":{name} - [0:0]", svc))
+        if name in referenced:
+            log.warning("%s %s: chain %s is kept (emptied), not deleted: a rule that is not ours jumps to it: %s",
+                        cmd, table, name, referenced[name].to_text(counters=False))
+            continue
         delete.append(Operation("-", "chain", obj(name), f"-X {name}", svc))
 
-    remaining = [r.without_counters() for r in have.jumps]
+    remaining = [r.without_counters() for r in have.jumps if _is_our_jump(r)]
     inserts: list[Rule] = []
     for r in want.jumps:
         found = next((i for i, h in enumerate(remaining) if h.chain == r.chain and h.args == r.args), None)
@@ -98,11 +109,17 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
             inserts.append(r)
         else:
             remaining.pop(found)
-    for r in remaining:  # stale or duplicate jumps (and any other rule of a built-in chain into our chains)
+    for r in remaining:  # our stale or duplicate jumps
         jumps.append(Operation("-", "rule", obj(r.chain), RuleOp(table, "delete", r).to_text()))
     for r in inserts:
         jumps.append(Operation("+", "rule", obj(r.chain), RuleOp(table, "insert", r, 1).to_text()))
     return declare + fill + edits + jumps + delete
+
+
+def _is_our_jump(rule: Rule) -> bool:
+    """One of the jumps we put into built-in chains (each carries our comment)."""
+    c = rule.comment
+    return c is not None and c.startswith(JUMP_COMMENT)
 
 
 def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...],
