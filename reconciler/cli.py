@@ -182,7 +182,10 @@ def options_from(args: argparse.Namespace) -> Options:
     for name, attr in (("sync_period", "sync_period"), ("min_sync_period", "min_sync_period")):
         value = getattr(args, name, None)
         if value:
-            flags[attr] = parse_duration(value)
+            try:
+                flags[attr] = parse_duration(value)
+            except ValueError as exc:
+                raise ValueError(f"--{name.replace('_', '-')}: {exc}") from None
     for name in ("healthz_bind_address", "metrics_bind_address", "conntrack_max_per_core", "conntrack_min",
                  "conntrack_tcp_be_liberal", "conntrack_sysctl_dir"):
         flags[name] = getattr(args, name, None)

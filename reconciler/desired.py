@@ -350,6 +350,10 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         if node_port is not None and not 30000 <= node_port <= 32767:
             r.warn(base + ("nodePort",), f"{node_port} is outside the API server's default range 30000-32767: "
                    "it takes that port on every node address it answers on")
+        if node_port is None and svc_type != "ClusterIP" and not (
+                svc_type == "LoadBalancer" and r.get(("spec", "allocateLoadBalancerNodePorts")) is False):
+            r.warn(base + ("nodePort",), f"not set: a {svc_type} Service's port gets one from the API server; "
+                   "this one has no NodePort here")
         r.typed(base + ("targetPort",), (int, str))
         if len(raw_ports) > 1 and not name:
             raise r.error(base + ("name",), "is required when a Service has more than one port")

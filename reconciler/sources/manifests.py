@@ -227,7 +227,7 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
         raise InputError(locate(("metadata", "name")), f"expected string, got {type(meta['name']).__name__}",
                          ("metadata", "name"))
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
-        raise InputError(locate(("metadata",)), "metadata.name is required", ("metadata", "name"))
+        raise InputError(locate(("metadata",)), "is required", ("metadata", "name"))
     namespace = "" if kind == "Node" else meta.get("namespace") or "default"
     if not isinstance(namespace, str):
         raise InputError(locate(("metadata", "namespace")), "must be a string", ("metadata", "namespace"))

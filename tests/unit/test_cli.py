@@ -94,3 +94,9 @@ def test_json_output_of_bad_input_is_a_diagnostics_document(tmp_path: Path, caps
             {"file": str(tmp_path / "bad.yaml"), "line": 6, "column": 12, "field": "spec.ports[0].port",
              "message": "port 70000 out of range 1-65535"}]
         assert "bad.yaml:6:12: spec.ports[0].port: port 70000 out of range" in err
+
+
+def test_a_bad_duration_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--sync-period", "--min-sync-period"):
+        assert main(["run", "--source", str(tmp_path), flag, "30"]) == 1
+        assert f"error: {flag}: invalid duration '30'" in capsys.readouterr().err

@@ -400,3 +400,18 @@ def test_nodes_in_the_input_but_none_of_this_nodes_name_are_warned_about_once_pe
     assert "(it has: node-a)" in cache.update([], [o for o in cache.objects.values() if o.name == "vm"],
                                                opts).warnings[0]
     assert cache.update([], [objs[2]], opts).warnings == ()  # (no Node at all)
+
+
+def test_a_node_or_load_balancer_port_without_a_node_port_is_warned_at_its_field():
+    """A hand-written NodePort (or LoadBalancer) Service without nodePort: the API server would
+    allocate one; here the port has none, which a warning says at the field."""
+    http = [{"name": "http", "port": 80}]
+    for kind in ("NodePort", "LoadBalancer"):
+        state = build([service("np", "10.96.0.9", http, type=kind)])
+        assert only(state, "default/np:http/TCP").nodePort is None
+        assert [w for w in state.warnings if "spec.ports[0].nodePort: not set" in w] == [
+            f"mem:default/np: spec.ports[0].nodePort: not set: a {kind} Service's port gets one from the API "
+            "server; this one has no NodePort here"], kind
+    quiet = build([service("lb", "10.96.0.9", http, type="LoadBalancer", allocateLoadBalancerNodePorts=False),
+                   service("ci", "10.96.0.8", http)])
+    assert not [w for w in quiet.warnings if "nodePort" in w]
