@@ -12,7 +12,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
 from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, ip_family, normalize_ip
-from .sources.objects import InputError, Location, format_path
+from .fields import did_you_mean
+from .sources.objects import InputError, InputWarning, Location, format_path
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,7 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     out.update(_bind_addresses(doc, where))
     out.update(_conntrack(doc, where))
     _warn_unsupported(doc, where, section)
+    _warn_unknown_keys(doc, where)
     return out
 
 
@@ -341,6 +343,42 @@ IGNORED = {
     "featureGates": "there are no feature gates",
     "logging": "use -v and --log-format",
 }
+
+
+# KubeProxyConfiguration v1alpha1's fields (k8s.io/kube-proxy/config/v1alpha1, v1.36), for the
+# unknown-key warnings (kube-proxy's strict decoding names them, then it decodes leniently)
+TOP_FIELDS = frozenset((
+    "apiVersion", "kind", "featureGates", "clientConnection", "hostnameOverride", "bindAddress",
+    "healthzBindAddress", "metricsBindAddress", "bindAddressHardFail", "enableProfiling",
+    "showHiddenMetricsForVersion", "mode", "iptables", "ipvs", "nftables", "winkernel", "detectLocalMode",
+    "detectLocal", "clusterCIDR", "nodePortAddresses", "oomScoreAdj", "conntrack", "configSyncPeriod",
+    "portRange", "windowsRunAsService", "logging"))
+SECTION_FIELDS = {
+    "clientConnection": frozenset(("kubeconfig", "acceptContentTypes", "contentType", "qps", "burst")),
+    "iptables": frozenset(("masqueradeBit", "masqueradeAll", "localhostNodePorts", "syncPeriod", "minSyncPeriod")),
+    "ipvs": frozenset(("syncPeriod", "minSyncPeriod", "scheduler", "excludeCIDRs", "strictARP", "tcpTimeout",
+                       "tcpFinTimeout", "udpTimeout")),
+    "nftables": frozenset(("masqueradeBit", "masqueradeAll", "syncPeriod", "minSyncPeriod")),
+    "winkernel": frozenset(("networkName", "sourceVip", "enableDSR", "rootHnsEndpointName", "forwardHealthCheckVip")),
+    "detectLocal": frozenset(("bridgeInterface", "interfaceNamePrefix")),
+}
+_WARNED_ELSEWHERE = frozenset(("masqueradeAll", "syncPeriod", "minSyncPeriod"))  # (see _warn_unsupported)
+
+
+def _warn_unknown_keys(doc: dict[str, Any], where: Where) -> None:
+    """A warning at file:line for each key that is no field of its place (a misspelt one would
+    silently leave its setting at the default), with the field it probably means."""
+    def check(mapping: dict[str, Any], known: frozenset[str], *at: str) -> None:
+        for key in mapping:
+            if key in known or (not at and key in _WARNED_ELSEWHERE):
+                continue
+            hint = did_you_mean(str(key), known)
+            log.warning("%s", InputWarning(where(*at, key), f"not a field of KubeProxyConfiguration{hint}; ignored, "
+                                           "as kube-proxy's lenient decoding ignores it", (*at, key)))
+    check(doc, TOP_FIELDS)
+    for name, known in SECTION_FIELDS.items():
+        if isinstance(doc.get(name), dict):
+            check(doc[name], known, name)
 
 
 def _set(value: Any) -> bool:

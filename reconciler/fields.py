@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from .sources.objects import Path
 
@@ -118,7 +118,12 @@ def field_type(root: Type, path: Path) -> Type:
 def unknown_field_message(type_: Type, name: str) -> str:
     """What a warning says of a field `name` that `type_` does not have (and which known field it
     is probably a misspelling of)."""
-    by_lower = {f.lower(): f for f in sorted(type_.fields)}
+    return f"unknown field of {type_.name}, ignored{did_you_mean(name, type_.fields)}; kubectl's strict field " \
+           "validation would refuse it"
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """' (did you mean X?)' for the known field `name` is probably a misspelling of, else ''."""
+    by_lower = {f.lower(): f for f in sorted(known)}
     guess = difflib.get_close_matches(name.lower(), by_lower, n=1, cutoff=0.75)
-    hint = f" (did you mean {by_lower[guess[0]]}?)" if guess else ""
-    return f"unknown field of {type_.name}, ignored{hint}; kubectl's strict field validation would refuse it"
+    return f" (did you mean {by_lower[guess[0]]}?)" if guess else ""

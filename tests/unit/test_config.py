@@ -401,3 +401,22 @@ def test_run_help_lists_kube_proxys_conntrack_flags(capsys):
                  "--conntrack-tcp-timeout-close-wait", "--conntrack-tcp-be-liberal", "--conntrack-udp-timeout",
                  "--conntrack-udp-timeout-stream", "--conntrack-sysctl-dir"):
         assert flag in text
+
+
+def test_a_misspelt_key_is_warned_about_at_its_line_with_the_field_it_probably_means(tmp_path, caplog):
+    """A key that is no KubeProxyConfiguration field (a typo would leave its setting at the default
+    without a word) gets a warning at file:line, naming the field meant; the rest is read."""
+    text = ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\n"
+            "clusterCIDRs: 10.244.0.0/16\nnodePortAdresses: [primary]\nnftables:\n  masqueradeAl: true\n"
+            "  syncPeriod: 5s\nclientConnection:\n  kubeconfg: /etc/kubeconfig\nfrobnicate: 1\n")
+    with caplog.at_level("WARNING"):
+        opts = run_options(tmp_path, text)
+    assert opts.sync_period == 5 and not opts.masquerade_all and not opts.cluster_cidrs
+    for where, key, meant in ((4, "clusterCIDRs", "clusterCIDR"), (5, "nodePortAdresses", "nodePortAddresses"),
+                              ("7:3", "nftables.masqueradeAl", "masqueradeAll"),
+                              ("10:3", "clientConnection.kubeconfg", "kubeconfig")):
+        where = f"{where}:1" if isinstance(where, int) else where
+        assert caplog.text.count(f"kp.yaml:{where}: {key}: not a field of KubeProxyConfiguration (did you mean "
+                                 f"{meant}?); ignored") == 1, key
+    assert "kp.yaml:11:1: frobnicate: not a field of KubeProxyConfiguration; ignored" in caplog.text
+    assert "syncPeriod: not a field" not in caplog.text
