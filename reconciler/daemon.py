@@ -101,8 +101,11 @@ def setup_logging(fmt: str = "text", verbose: bool = False, stream: Any = None) 
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for noisy in ("kubernetes", "urllib3", "watchfiles"):
+    for noisy in ("kubernetes", "watchfiles"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # urllib3 warns of every retry of a connection the API server refused ("Retrying (Retry(total=2,
+    # ...))": ~50 lines in 15 s); the informers' own warning says it once per attempt, with its delay
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
 
 
 def _fields(**kw: Any) -> dict[str, Any]:

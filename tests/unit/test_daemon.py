@@ -1589,3 +1589,12 @@ def test_health_check_ports_listen_where_nodeports_answer_primary_resolved(monke
     desired = build([n, *web()], nodeport_cidrs=("primary",))
     daemon_mod.nodeport_hosts(desired)
     assert asked == [["10.0.0.7/32", "::/0"]]
+
+
+def test_urllib3_retry_warnings_are_not_logged_but_its_errors_are() -> None:
+    """An unreachable API server: urllib3 warns of each retry (~50 lines in 15 s); the informers
+    say it once per attempt themselves."""
+    with daemon_logging("text") as stream:
+        logging.getLogger("urllib3.connectionpool").warning("Retrying (Retry(total=2)) after connection broken")
+        logging.getLogger("urllib3.connectionpool").error("something worse")
+    assert "Retrying" not in stream.getvalue() and "something worse" in stream.getvalue()
