@@ -21,7 +21,7 @@ from .config import Options
 from .desired import build_desired_state
 from .plan import Plan, service_change_counts, service_changes
 from .sources.manifests import load_directory
-from .sources.objects import InputErrors
+from .sources.objects import InputErrors, InputWarning
 from .state import DesiredState, Family
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,9 @@ def load_desired(source: str, options: Options, pool: Executor | None = None) ->
     desired = build_desired_state(loaded.objects, options.build_options())
     for w in (*loaded.warnings, *desired.warnings):
         log.warning("%s", w)
+    if not loaded.objects:  # (a wrong --source: applied, it removes every service port of ours)
+        log.warning("%s", InputWarning(source, "no Service, EndpointSlice or Node in it: the desired state has no "
+                                               "service ports"))
     return desired
 
 

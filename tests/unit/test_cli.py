@@ -100,3 +100,17 @@ def test_a_bad_duration_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFix
     for flag in ("--sync-period", "--min-sync-period"):
         assert main(["run", "--source", str(tmp_path), flag, "30"]) == 1
         assert f"error: {flag}: invalid duration '30'" in capsys.readouterr().err
+
+
+def test_a_source_without_any_object_is_warned_about(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong --source (an empty folder, one of other YAML): applied, it would remove every
+    service port, so validate and plan say so; validate --strict fails."""
+    (tmp_path / "values.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    args = ["validate", "--source", str(tmp_path), "--node-name", "node-a"]
+    assert main(args) == 0
+    assert f"{tmp_path}: no Service, EndpointSlice or Node in it" in caplog.text
+    assert main([*args, "--strict"]) == 1
+    caplog.clear()
+    (tmp_path / "web.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n"
+                                       "  clusterIP: 10.96.0.5\n  ports: [{port: 80}]\n")
+    assert main(args) == 0 and "no Service" not in caplog.text
