@@ -337,6 +337,9 @@ def _conntrack(doc: dict[str, Any], where: Any) -> dict[str, Any]:
     return out
 
 
+# fields of the mode sections that are no fields at the top level (_warn_unsupported says so)
+MODE_SECTION_ONLY = ("masqueradeAll", "syncPeriod", "minSyncPeriod")
+
 IGNORED = {
     "oomScoreAdj": "the process's OOM score is left as it is",
     "configSyncPeriod": "the API caches are not resynced periodically",
@@ -362,7 +365,6 @@ SECTION_FIELDS = {
     "winkernel": frozenset(("networkName", "sourceVip", "enableDSR", "rootHnsEndpointName", "forwardHealthCheckVip")),
     "detectLocal": frozenset(("bridgeInterface", "interfaceNamePrefix")),
 }
-_WARNED_ELSEWHERE = frozenset(("masqueradeAll", "syncPeriod", "minSyncPeriod"))  # (see _warn_unsupported)
 
 
 def _warn_unknown_keys(doc: dict[str, Any], where: Where) -> None:
@@ -370,7 +372,7 @@ def _warn_unknown_keys(doc: dict[str, Any], where: Where) -> None:
     silently leave its setting at the default), with the field it probably means."""
     def check(mapping: dict[str, Any], known: frozenset[str], *at: str) -> None:
         for key in mapping:
-            if key in known or (not at and key in _WARNED_ELSEWHERE):
+            if key in known or (not at and key in MODE_SECTION_ONLY):  # (see _warn_unsupported)
                 continue
             hint = did_you_mean(str(key), known)
             log.warning("%s", InputWarning(where(*at, key), f"not a field of KubeProxyConfiguration{hint}; ignored, "
@@ -391,7 +393,7 @@ def _set(value: Any) -> bool:
 def _warn_unsupported(doc: dict[str, Any], where: Where, section: str) -> None:
     """Warn about settings that would change what kube-proxy programs and that are not honoured
     here (silently ignoring them would program something else than the file asks for)."""
-    for key in ("masqueradeAll", "syncPeriod", "minSyncPeriod"):
+    for key in MODE_SECTION_ONLY:
         if key in doc:
             log.warning("%s: %s is not a KubeProxyConfiguration field at the top level: kube-proxy ignores it, "
                         "and so does service-reconciler (set it under %s:)", where(key), key, section)

@@ -89,10 +89,7 @@ class InputError(Exception):
         self.location = location
         self.path = path
         self.message = message
-        where = str(location)
-        field_part = f"{format_path(path)}: " if path else ""
-        super().__init__(f"{where}: {field_part}{message}")
-
+        super().__init__(diagnostic_text(location, path, message))
 
     def to_dict(self) -> dict[str, Any]:
         """The error for machines (`-o json`): its place, field path and message."""
@@ -108,10 +105,7 @@ class InputWarning(str):
     message: str
 
     def __new__(cls, location: Location | str | None, message: str, path: Path = ()) -> InputWarning:
-        parts = [str(location)] if location is not None else []
-        if path:
-            parts.append(format_path(path))
-        self = super().__new__(cls, ": ".join([*parts, message]))
+        self = super().__new__(cls, diagnostic_text(location, path, message))
         self.location, self.path, self.message = location, path, message
         return self
 
@@ -120,6 +114,14 @@ class InputWarning(str):
 
     def to_dict(self) -> dict[str, Any]:
         return diagnostic(self.location, self.path, self.message)
+
+
+def diagnostic_text(location: Location | str | None, path: Path, message: str) -> str:
+    """An error or warning for people: 'place: field: message' (each part only when known)."""
+    parts = [str(location)] if location is not None else []
+    if path:
+        parts.append(format_path(path))
+    return ": ".join([*parts, message])
 
 
 def diagnostic(location: Location | str | None, path: Path, message: str) -> dict[str, Any]:

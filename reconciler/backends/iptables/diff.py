@@ -88,8 +88,7 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
             fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner))
     # a rule of a built-in chain that jumps to one of ours but is not one of our jumps (its comment)
     # is somebody else's: left alone, and the chain it jumps to is emptied rather than deleted
-    theirs = [r.without_counters() for r in have.jumps if not _is_our_jump(r)]
-    referenced = {r.target: r for r in theirs}
+    referenced = {r.target: r.without_counters() for r in have.jumps if not _is_our_jump(r)}
     for name in sorted(set(have.chains) - set(want.chains)):
         old = have.chains[name]
         svc = chain_owner(name, old)
