@@ -234,6 +234,47 @@ def test_foreign_chains_and_rules_survive_apply_and_cleanup(ns: Netns, tmp_path:
     assert ns.save(flavour) == before
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_rules_of_others_jumping_to_our_chains_are_kept_and_so_are_those_chains(
+        ns: Netns, tmp_path: Path, flavour: str) -> None:
+    """Somebody's rules that jump to one of our service chains (one in a chain of theirs, one in a
+    built-in chain without our comment) survive an apply that no longer wants that chain, and
+    cleanup: the chain is emptied and kept, with a warning naming the rule, and the plan converges.
+    (Deleting it failed the restore, after the other tables had been committed.)"""
+    ns.reconciler("apply", "--mode", "iptables", *FLAGS, flavour=flavour)
+    saved = ns.save(flavour)
+    svc = next(m.group(1) for m in re.finditer(r'^-A (RECONCILER-SVC-\w+) .*"default/web:', saved, re.M))
+    theirs = (f"*nat\n:OPS-CANARY - [0:0]\n-A OPS-CANARY -s 192.0.2.0/24 -j {svc}\n"
+              f"-A OUTPUT -d 192.0.2.9/32 -j {svc}\nCOMMIT\n")
+    ns.run(f"iptables-{flavour}-restore", "--noflush", input=theirs)
+
+    def not_ours(text: str) -> list[str]:  # (foreign_lines, and the rules of others naming our chain)
+        return foreign_lines(text) + [line for line in text.splitlines()
+                                      if svc in line and not line.startswith(("-A RECONCILER-", ":RECONCILER-"))]
+    before = not_ours(ns.save(flavour))
+
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    (src / "default" / "web.yaml").unlink()
+    flags = ("--source", str(src), "--node-name", "node-a", "--cluster-cidr", "10.244.0.0/16")
+    out = ns.reconciler("apply", "--mode", "iptables", *flags, flavour=flavour)
+    assert f"chain {svc} is kept (emptied), not deleted: a rule that is not ours jumps to it" in out.stderr
+    after = ns.save(flavour)
+    assert f":{svc} - " in after and f"-A {svc} " not in after
+    assert not_ours(after) == before
+    assert ns.reconciler("plan", "--mode", "iptables", *flags, flavour=flavour, check=False).returncode == 0
+    observed = json.loads(ns.reconciler("observe", "--mode", "iptables", "-o", "json", flavour=flavour).stdout)
+    assert sorted(observed["ipv4"]["nat"]["foreignReferences"]) == [
+        f"-A OPS-CANARY -s 192.0.2.0/24 -j {svc}", f"-A OUTPUT -d 192.0.2.9/32 -j {svc}"]
+    import jsonschema
+    jsonschema.validate(observed, json.loads((REPO / "schemas" / "iptables-model.schema.json").read_text()))
+
+    ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)
+    left = ns.save(flavour)
+    assert [line for line in our_lines(left) if svc not in line] == []
+    assert f"-A OPS-CANARY -s 192.0.2.0/24 -j {svc}" in left and f"-A OUTPUT -d 192.0.2.9/32 -j {svc}" in left
+
+
 def test_cleanup_on_an_empty_namespace_is_a_no_op(ns: Netns) -> None:
     out = ns.reconciler("cleanup", "--mode", "iptables")
     assert "cleanup (iptables): nothing of ours to remove" in out.stdout

@@ -11,12 +11,13 @@ import pytest
 from reconciler.backends.iptables.backend import IptablesBackend
 from reconciler.backends.iptables.diff import diff
 from reconciler.backends.iptables.observed import SavedChains, canonical, read_our_tables
-from reconciler.backends.iptables.render import IptablesModel, TableState, is_builtin, is_ours
+from reconciler.backends.iptables.render import IptablesModel, TableState, is_builtin, is_our_jump, is_ours
 from reconciler.backends.iptables.save import ParseError, Rule, parse_save
 
 
-def reference(text: str) -> dict[str, tuple[dict[str, list[tuple[str, ...]]], list[Rule]]]:
-    """What parsing the whole save gives: table -> (our chains' argument lists, our jumps)."""
+def reference(text: str) -> dict[str, tuple[dict[str, list[tuple[str, ...]]], list[Rule], list[Rule]]]:
+    """What parsing the whole save gives: table -> (our chains' argument lists, our jumps, the
+    rules of others jumping to ours)."""
     kept, skip = [], False
     for line in text.splitlines():
         skip = skip or line == "*mangle"  # (its rules are not even rules: a whole parse would stop there)
@@ -27,13 +28,15 @@ def reference(text: str) -> dict[str, tuple[dict[str, list[tuple[str, ...]]], li
     out = {}
     for table in ("filter", "nat"):
         if table not in rs:
-            out[table] = ({}, [])
+            out[table] = ({}, [], [])
             continue
         chains = {n: [r.args for r in c.rules] for n, c in rs[table].chains.items()
                   if is_ours(n) and not is_builtin(table, n)}
-        jumps = [r.without_counters() for n, c in rs[table].chains.items() if is_builtin(table, n)
-                 for r in c.rules if r.target and is_ours(r.target)]
-        out[table] = (chains, jumps)
+        to_ours = [(n, r.without_counters()) for n, c in rs[table].chains.items() if not is_ours(n)
+                   for r in c.rules if r.target and is_ours(r.target)]
+        jumps = [r for n, r in to_ours if is_builtin(table, n) and is_our_jump(r)]
+        foreign = [r for n, r in to_ours if not (is_builtin(table, n) and is_our_jump(r))]
+        out[table] = (chains, jumps, foreign)
     return out
 
 
@@ -58,6 +61,8 @@ def random_save(rng: random.Random) -> str:
             chain = rng.choice([*builtins, *ours[:2], "KUBE-OTHER"])
             args = [rng.choice(WORDS) for _ in range(rng.randint(0, 6))]
             if rng.random() < 0.3:
+                if rng.random() < 0.5:  # commented as our jumps are, or as another's
+                    args += ["-m", "comment", "--comment", rng.choice(["service-reconciler portals", "ops"])]
                 args += ["-j", rng.choice(ours)]
             head = rng.choice(["-A", "-A", "-A", "--append", "[1:2] -A"])
             words = [*map(_quote, args)]
@@ -76,9 +81,9 @@ def test_the_lean_read_gives_what_parsing_the_whole_save_gives() -> None:
         want = reference(text)
         got = read_our_tables(text.splitlines(True))
         for table in ("filter", "nat"):
-            chains, jumps = want[table]
+            chains, jumps, foreign = want[table]
             assert {n: [r.args for r in rules] for n, rules in got[table].chains.items()} == chains
-            assert list(got[table].jumps) == jumps
+            assert list(got[table].jumps) == jumps and list(got[table].foreign) == foreign
             for name, args in chains.items():  # and holds() agrees with argument equality
                 rules = tuple(Rule(name, a) for a in args)
                 assert got[table].chains.holds(name, rules)
@@ -151,7 +156,7 @@ def test_flush_and_whitespace_forms_read_as_a_whole_parse_reads_them() -> None:
     for text in ("*nat\n:RECONCILER-X - [0:0]\n-A RECONCILER-X -j ACCEPT\n--flush RECONCILER-X\nCOMMIT\n",
                  "*nat\n:RECONCILER-X - [0:0]\n-A RECONCILER-X -j ACCEPT\n-F\tRECONCILER-X\n-A RECONCILER-X -j DROP\nCOMMIT\n",
                  "*nat\n:RECONCILER-X - [0:0]\n-A\tRECONCILER-X -j ACCEPT\n--append\tRECONCILER-X  -j  DROP\nCOMMIT\n"):
-        chains, _ = reference(text)["nat"]
+        chains, _, _ = reference(text)["nat"]
         got = read_our_tables(text.splitlines(True))["nat"].chains
         assert {n: [r.args for r in rules] for n, rules in got.items()} == chains, text
 

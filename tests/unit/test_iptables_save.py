@@ -568,8 +568,11 @@ def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path
 
     args, out = tmp_path / "args", tmp_path / "out"
     mangle = "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\n-A PREROUTING this is no rule at all\nCOMMIT\n"
-    out.write_text(mangle + "*nat\n:PREROUTING ACCEPT [0:0]\n:RECONCILER-SERVICES - [0:0]\n"
-                   '-A PREROUTING -m comment --comment "reconciler service portals" -j RECONCILER-SERVICES\n'
+    out.write_text(mangle + "*nat\n:PREROUTING ACCEPT [0:0]\n:OPS - [0:0]\n:RECONCILER-SERVICES - [0:0]\n"
+                   '-A PREROUTING -m comment --comment "service-reconciler service portals" -j RECONCILER-SERVICES\n'
+                   "-A PREROUTING -s 192.0.2.1/32 -j RECONCILER-SERVICES\n-A PREROUTING -j OPS\n"
+                   "-A OPS -s 192.0.2.0/24 -j RECONCILER-SERVICES\n-A OPS -j RETURN\n"
+                   "[0:0] -A OPS -s 192.0.2.2/32 -j RECONCILER-SERVICES\n"
                    "-A RECONCILER-SERVICES -j RETURN\nCOMMIT\n"
                    "*filter\n:INPUT ACCEPT [0:0]\n:OTHER - [0:0]\n-A OTHER -j ACCEPT\nCOMMIT\n")
     _fake_save(tmp_path, monkeypatch, f'echo "$@" > {args}\ncat {out}\n')
@@ -578,6 +581,10 @@ def test_reading_all_tables_keeps_ours_and_passes_over_the_others(tmp_path: Path
     assert set(tables) == {"nat", "filter"} and tables["filter"].empty
     assert [r.args for r in tables["nat"].chains["RECONCILER-SERVICES"]] == [("-j", "RETURN")]
     assert [r.target for r in tables["nat"].jumps] == ["RECONCILER-SERVICES"]
+    # the rules of others that jump to ours (in a built-in chain without our comment, or in their chain)
+    assert [r.to_text(counters=False) for r in tables["nat"].foreign] == [
+        "-A PREROUTING -s 192.0.2.1/32 -j RECONCILER-SERVICES", "-A OPS -s 192.0.2.0/24 -j RECONCILER-SERVICES",
+        "-A OPS -s 192.0.2.2/32 -j RECONCILER-SERVICES"]
     # an error in a table of ours names its line, counted over the whole output
     out.write_text(mangle + "*nat\n-A RECONCILER-Y -j ACCEPT\nCOMMIT\n")
     with pytest.raises(ParseError, match="line 6: rule for undeclared chain"):
@@ -650,3 +657,52 @@ def test_nft_hint_is_asked_read_only(monkeypatch, nft_installed, hint):
         assert calls and all(c[:4] == ["/usr/sbin/nft", "list", "chain", "ip6"] and c[4] == "mangle" for c in calls)
     else:
         assert calls == [["ip6tables-nft-save", "-t", "mangle"]]
+
+
+@pytest.mark.parametrize("stderr,committed", [
+    # recorded from iptables-nft-restore and iptables-legacy-restore 1.8.9: filter was committed
+    ("iptables-nft-restore v1.8.9 (nf_tables): Chain 'NOPE-X' does not exist\nError occurred at line: 8",
+     "iptables: committed before it failed: table filter; not the rest"),
+    ("iptables-restore v1.8.9 (legacy): Couldn't load target `NOPE-X':No such file or directory\n\n"
+     "Error occurred at line: 7", "iptables: committed before it failed: table filter; not the rest"),
+    ("iptables-restore: line 2 failed", "iptables: nothing was committed"),
+    ("iptables-restore: out of memory", "iptables: which of its tables were committed is not known"),
+])
+def test_a_failed_restore_says_which_tables_it_had_committed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              stderr: str, committed: str) -> None:
+    """Each table commits at its COMMIT line: a restore failing in the second table has changed the
+    first, and the error says so (the kernel is then half-way: the next apply or sync finishes it)."""
+    from reconciler.backends.base import KernelError
+    from reconciler.backends.iptables import kernel
+
+    (tmp_path / "err").write_text(stderr + "\n")
+    tool = tmp_path / "iptables-fake-restore"
+    tool.write_text(f"#!/bin/sh\ncat >/dev/null\ncat {tmp_path / 'err'} >&2\nexit 2\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    lines = ["*filter", ":RECONCILER-A - [0:0]", "-A RECONCILER-A -j RETURN", "COMMIT",
+             "*nat", ":RECONCILER-B - [0:0]", "-A RECONCILER-B -j NOPE-X", "COMMIT"]
+    with pytest.raises(KernelError) as failed:
+        kernel.restore("iptables", "fake", lines)
+    assert committed in str(failed.value)
+
+
+def test_a_failed_ip6tables_restore_says_the_iptables_one_was_applied(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.backends.base import KernelError
+    from reconciler.backends.iptables import backend, kernel
+    from reconciler.backends.iptables.diff import diff
+    from reconciler.backends.iptables.render import IptablesModel, render
+
+    for cmd, code in (("iptables", 0), ("ip6tables", 2)):
+        tool = tmp_path / f"{cmd}-legacy-restore"
+        tool.write_text(f"#!/bin/sh\ncat >/dev/null\necho 'Error occurred at line: 2' >&2\nexit {code}\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(kernel, "binary", lambda cmd, flavour, tool: str(tmp_path / f"{cmd}-legacy-{tool}"))
+    from tests.unit.test_iptables_render import example_state  # (a dual-stack state: both families)
+    ops = diff(render(example_state()), IptablesModel())
+    assert {op.name.split()[0] for op in ops} == {"iptables", "ip6tables"}
+    with pytest.raises(KernelError, match=r"(?s)ip6tables: nothing was committed.*"
+                                          r"before it, the iptables restore was applied in full"):
+        backend.IptablesBackend(flavour="legacy").apply(ops)

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import Operation, view_entry, view_sets
+from ..base import KernelError, Operation, view_entry, view_sets
 from ..generation import commits_between, generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script
@@ -100,7 +100,13 @@ class IptablesBackend:
             produced: list[int] | None = []
             for cmd, lines, expected in inputs:
                 before = generation() if expected else None
-                self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
+                try:
+                    self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
+                except KernelError as exc:
+                    if self.last_restore_seconds:  # (each family's restore commits on its own)
+                        raise KernelError(f"{exc}\n(before it, the {' and '.join(self.last_restore_seconds)} restore was applied in full)"
+                                          ) from None
+                    raise
                 if self.flavour == "nft":
                     ours = commits_between(before, generation() if before is not None else None, expected)
                     produced = None if produced is None or ours is None else produced + ours

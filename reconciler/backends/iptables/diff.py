@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from ..base import Operation
 from .observed import Ahead, SavedChains
-from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_service_chain
+from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_our_jump, is_service_chain
 from .save import Rule, RuleOp
 
 RESTORE_ARGS = ("--noflush", "-w", "5")
@@ -86,9 +86,9 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
         for r in rules:
             owner = svc if r.args in kept else rule_owner(r) or svc
             fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner))
-    # a rule of a built-in chain that jumps to one of ours but is not one of our jumps (its comment)
-    # is somebody else's: left alone, and the chain it jumps to is emptied rather than deleted
-    referenced = {r.target: r.without_counters() for r in have.jumps if not _is_our_jump(r)}
+    # a rule that jumps to one of ours but is not one of our jumps (in another chain, or without our
+    # comment) is somebody else's: left alone, and the chain it jumps to is emptied, not deleted
+    referenced = {r.target: r.without_counters() for r in (*have.foreign, *have.jumps) if not is_our_jump(r)}
     for name in sorted(set(have.chains) - set(want.chains)):
         old = have.chains[name]
         svc = chain_owner(name, old)
@@ -100,7 +100,7 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
             continue
         delete.append(Operation("-", "chain", obj(name), f"-X {name}", svc))
 
-    remaining = [r.without_counters() for r in have.jumps if _is_our_jump(r)]
+    remaining = [r.without_counters() for r in have.jumps if is_our_jump(r)]
     inserts: list[Rule] = []
     for r in want.jumps:
         found = next((i for i, h in enumerate(remaining) if h.chain == r.chain and h.args == r.args), None)
@@ -113,12 +113,6 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
     for r in inserts:
         jumps.append(Operation("+", "rule", obj(r.chain), RuleOp(table, "insert", r, 1).to_text()))
     return declare + fill + edits + jumps + delete
-
-
-def _is_our_jump(rule: Rule) -> bool:
-    """One of the jumps we put into built-in chains (each carries our comment)."""
-    c = rule.comment
-    return c is not None and c.startswith(JUMP_COMMENT)
 
 
 def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...],

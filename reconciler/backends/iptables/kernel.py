@@ -113,7 +113,8 @@ def restore(cmd: str, flavour: str, lines: list[str]) -> float:
     took.
 
     Each table (between `*table` and `COMMIT`) is committed atomically; on failure the tool reports
-    the failing line and that table is left unchanged.
+    the failing line: that table and those after it are left unchanged, those before it were
+    committed (the error says which).
     """
     if not any(line.strip() for line in lines):
         return 0.0
@@ -123,9 +124,28 @@ def restore(cmd: str, flavour: str, lines: list[str]) -> float:
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
         raise KernelError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}\n"
+                          f"{_committed(cmd, lines, proc.stderr)}\n"
                           f"--- input ---\n{_excerpt(lines, proc.stderr)}")
     log.debug("%s-restore (%s): %d lines in %.4fs", cmd, flavour, len(lines), elapsed)
     return elapsed
+
+
+def _committed(cmd: str, lines: list[str], stderr: str) -> str:
+    """What a failed restore had committed: the tables whose COMMIT line came before the line it
+    failed at."""
+    m = re.search(r"line:? (\d+)", stderr)
+    if not m:
+        return f"{cmd}: which of its tables were committed is not known (no line in the error)"
+    failed, table, done = int(m.group(1)), "", []
+    for number, line in enumerate(lines[:failed - 1], 1):
+        text = line.strip()
+        if text.startswith("*"):
+            table = text[1:]
+        elif text == "COMMIT" and number < failed:
+            done.append(table)
+    if not done:
+        return f"{cmd}: nothing was committed"
+    return f"{cmd}: committed before it failed: table {', '.join(done)}; not the rest"
 
 
 def _excerpt(lines: list[str], stderr: str) -> str:

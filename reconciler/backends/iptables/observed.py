@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from sys import intern
 
-from .render import PREFIX, TABLES, TableState, is_builtin, is_ours
+from .render import PREFIX, TABLES, TableState, is_builtin, is_our_jump, is_ours
 from .save import ParseError, Rule, parse_save, simple_tokens
 
 Args = tuple[str, ...]
@@ -109,14 +109,18 @@ def read_our_tables(lines: Iterable[str]) -> dict[str, TableState]:
             continue
         texts: dict[str, str] = {}
         jumps: list[Rule] = []
+        foreign: list[Rule] = []
         for name, chain in rs[table].chains.items():
-            if is_builtin(table, name):
-                jumps += [r.without_counters() for r in chain.rules if r.target and is_ours(r.target)]
-            elif is_ours(name) and not chain.rules:
+            if is_ours(name) and not chain.rules:
                 texts[name] = "".join(ours.get((table, name), ()))
             elif is_ours(name):  # a rule line of a form _keep_ours does not take
                 raise ParseError(f"rule of our chain {name!r} in an unexpected form")
-        out[table] = TableState(SavedChains(texts), tuple(jumps))
+            else:
+                for r in chain.rules:
+                    if r.target and is_ours(r.target):
+                        mine = is_builtin(table, name) and is_our_jump(r)
+                        (jumps if mine else foreign).append(r.without_counters())
+        out[table] = TableState(SavedChains(texts), tuple(jumps), tuple(foreign))
     return out
 
 
@@ -148,7 +152,7 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
                 run_lines.append(lineno)
                 yield ""
                 continue
-            if kind == _OTHER or PREFIX not in raw:
+            if PREFIX not in raw:  # (a rule naming none of ours cannot jump to one of them)
                 yield ""
                 continue
         if run:
@@ -172,18 +176,17 @@ def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> 
             word = words[0]
             if word in ("-A", "--append") or head == "[":
                 named = words[2 if head == "[" else 1] if len(words) > (2 if head == "[" else 1) else ""
-                if declared.get(named) == _OTHER or (declared.get(named) == _BUILTIN and PREFIX not in line):
+                if declared.get(named) in (_OTHER, _BUILTIN) and PREFIX not in line:
                     yield ""  # passed over unsplit, as on the short path
                     continue
                 chain, args = _rule(line, lineno)
                 if chain not in declared:
                     pass  # parse_save's error
-                elif declared[chain] == _BUILTIN:
+                elif declared[chain] != _OURS:
                     if PREFIX not in line:
                         raw = ""
                 else:
-                    if declared[chain] == _OURS:
-                        ours.setdefault((table, chain), []).append(_canonical_rule(args, lineno, line))
+                    ours.setdefault((table, chain), []).append(_canonical_rule(args, lineno, line))
                     raw = ""
             elif word in ("-F", "--flush") and len(parts := line.split()) == 2:
                 ours.pop((table, parts[1]), None)  # (as parse_save empties the chain)

@@ -98,10 +98,13 @@ JUMPS: tuple[tuple[str, str, tuple[str, ...], str, str], ...] = (
 
 @dataclass
 class TableState:
-    """Our part of one table: our chains (name -> rules) and our jump rules in built-in chains."""
+    """Our part of one table: our chains (name -> rules) and our jump rules in built-in chains;
+    observed, also the rules that are not ours (any other chain's, or uncommented) jumping to one of
+    our chains: never touched, and what they jump to is never deleted."""
 
     chains: Mapping[str, tuple[Rule, ...]] = field(default_factory=dict)  # (observed: SavedChains)
     jumps: tuple[Rule, ...] = ()
+    foreign: tuple[Rule, ...] = ()
     # the chains' canonical strings, when made ahead of a diff (IptablesBackend.before_diff)
     texts: dict[str, Any] | None = field(default=None, init=False, compare=False, repr=False)
 
@@ -113,7 +116,7 @@ class TableState:
         return {
             "chains": {name: [r.spec() for r in rules] for name, rules in sorted(self.chains.items())},
             "jumps": [r.to_text(counters=False) for r in self.jumps],
-        }
+        } | ({"foreignReferences": [r.to_text(counters=False) for r in self.foreign]} if self.foreign else {})
 
 
 @dataclass
@@ -168,6 +171,13 @@ def is_ours(chain: str) -> bool:
 
 def is_service_chain(chain: str) -> bool:
     return chain.startswith(SERVICE_CHAIN_PREFIXES)
+
+
+def is_our_jump(rule: Rule) -> bool:
+    """Whether a rule jumping to one of our chains carries our comment (as each of our jumps in a
+    built-in chain does)."""
+    c = rule.comment
+    return c is not None and c.startswith(JUMP_COMMENT)
 
 
 def jump_rule(chain: str, extra: tuple[str, ...], comment: str, target: str) -> Rule:
