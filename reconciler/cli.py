@@ -17,7 +17,7 @@ from .config import (
     parse_duration, parse_nodeport_addresses,
 )
 from .reconcile import apply, load_desired, plan_against_kernel
-from .sources.objects import InputError, InputErrors, InputWarning
+from .sources.objects import InputError, InputErrors, InputWarning, in_place_order
 
 log = logging.getLogger("reconciler")
 
@@ -235,7 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args, warned)
     except (InputErrors, InputError) as exc:
-        errors = exc.errors if isinstance(exc, InputErrors) else [exc]
+        errors = in_place_order(exc.errors) if isinstance(exc, InputErrors) else [exc]
+        for w in exc.warnings if isinstance(exc, InputErrors) else ():
+            log.warning("%s", w)  # (found beside the errors; collected by warned, for -o json)
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         changes = args.command in ("apply", "run")  # (the others never change the kernel)

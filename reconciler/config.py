@@ -158,7 +158,8 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
         raise InputError(Location(path, 1, 1), f"expected a {KIND} mapping")
     for key, want in (("apiVersion", API_VERSION), ("kind", KIND)):
         if doc.get(key) != want:
-            raise InputError(where(key), f"expected {want}, got {doc.get(key)!r}", (key,))
+            raise InputError(where(key), f"is required ({want})" if doc.get(key) is None
+                             else f"expected {want}, got {doc.get(key)!r}", (key,))
     out: dict[str, Any] = {}
     file_mode = doc.get("mode")
     if file_mode not in (None, "", *MODES):

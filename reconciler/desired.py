@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterable
 
 from . import fields
 from .sources.objects import (
-    InputConflict, InputError, InputErrors, InputWarning, Path, SourceObject, name_some,
+    InputConflict, InputError, InputErrors, InputWarning, Location, Path, SourceObject, in_place_order,
+    name_some,
 )
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
@@ -282,6 +283,16 @@ class _Service:
     health_check_node_port: int | None
 
 
+def _raise_all(errors: list[InputError]) -> None:
+    """Raise the errors found in one object: the one, or all of them (in the order of their
+    lines). Its readers go on after an error in one part (a port, an address, a field: `try`,
+    errors.append) to the others, so that all of an object's errors are reported at once."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise InputErrors(in_place_order(errors))
+
+
 def _check_names(r: _Reader, service_name: bool) -> None:
     """metadata.namespace a DNS label and (a Service's) metadata.name a DNS-1035 label."""
     if not _DNS_LABEL.fullmatch(r.obj.namespace):
@@ -299,12 +310,27 @@ def _port_name(r: _Reader, path: Path) -> str:
 
 
 def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
+    """The Service as the build needs it (None: skipped), or all its errors (InputError(s))."""
+    errors: list[InputError] = []
+    result = None
+    try:
+        result = _read_service(obj, warnings, errors)
+    except InputError as exc:  # (in a part the others depend on: what was found so far, and this)
+        errors.append(exc)
+    _raise_all(errors)
+    return result
+
+
+def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputError]) -> _Service | None:
     r = _Reader(obj, warnings)
     _warn_unknown(r, obj.body, fields.SERVICE)
     labels = r.typed(("metadata", "labels"), dict, {})
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
-    _check_names(r, service_name=True)
+    try:
+        _check_names(r, service_name=True)
+    except InputError as exc:
+        errors.append(exc)
     r.typed(("spec",), dict)
     svc_type = r.enum(("spec", "type"), ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"), "ClusterIP")
     if svc_type == "ExternalName":
@@ -315,7 +341,7 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         paths = [("spec", "clusterIPs", i) for i in range(len(ips))]
         single = r.get(("spec", "clusterIP"))
         if single is not None and single != ips[0]:  # the API server keeps the two in step
-            raise r.error(("spec", "clusterIP"), f"{single!r} is not clusterIPs[0] ({ips[0]!r})")
+            errors.append(r.error(("spec", "clusterIP"), f"{single!r} is not clusterIPs[0] ({ips[0]!r})"))
     elif r.get(("spec", "clusterIP")) is not None:
         paths = [("spec", "clusterIP")]
     else:
@@ -327,85 +353,80 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     unallocated = not paths or r.get(paths[0]) == ""
     cluster_ips: dict[Family, str] = {}
     for p in paths if not unallocated else ():
-        ip = r.ip(p)
-        fam = ip_family(ip)
-        if fam in cluster_ips:
-            raise r.error(p, f"two clusterIPs of family {fam}")
-        cluster_ips[fam] = ip
+        try:
+            ip = r.ip(p)
+            fam = ip_family(ip)
+            if fam in cluster_ips:
+                raise r.error(p, f"two clusterIPs of family {fam}")
+            cluster_ips[fam] = ip
+        except InputError as exc:
+            errors.append(exc)
 
     raw_ports = r.typed(("spec", "ports"), list, [])
     if not raw_ports:
-        raise r.error(("spec", "ports"), "a Service needs at least one port")
+        errors.append(r.error(("spec", "ports"), "a Service needs at least one port"))
     ports: list[_Port] = []
     names: dict[tuple[str, str], int] = {}
     for i in range(len(raw_ports)):
-        base: Path = ("spec", "ports", i)
-        r.typed(base, dict)
-        name = _port_name(r, base + ("name",))
-        protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
-        port = r.port(base + ("port",))
-        node_port = r.port(base + ("nodePort",), required=False, zero_unset=True)
-        if svc_type == "ClusterIP" and node_port is not None:
-            raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
-        if node_port is not None and not 30000 <= node_port <= 32767:
-            r.warn(base + ("nodePort",), f"{node_port} is outside the API server's default range 30000-32767: "
-                   "it takes that port on every node address it answers on")
-        if node_port is None and svc_type != "ClusterIP" and not (
-                svc_type == "LoadBalancer" and r.get(("spec", "allocateLoadBalancerNodePorts")) is False):
-            r.warn(base + ("nodePort",), f"not set: a {svc_type} Service's port gets one from the API server; "
-                   "this one has no NodePort here")
-        r.typed(base + ("targetPort",), (int, str))
-        if len(raw_ports) > 1 and not name:
-            raise r.error(base + ("name",), "is required when a Service has more than one port")
-        if (name, protocol) in names or (name and any(n == name for n, _ in names)):
-            raise r.error(base + ("name",), f"duplicate port name {name!r}")
-        names[(name, protocol)] = i
-        assert port is not None
-        if any(p.port == port and p.protocol == protocol for p in ports):
-            raise r.error(base + ("port",), f"duplicate port {port}/{protocol}")
-        ports.append(_Port(name, protocol, port, node_port))
+        try:
+            _read_port(r, ("spec", "ports", i), svc_type, len(raw_ports), ports, names)
+        except InputError as exc:
+            errors.append(exc)
 
     external_ips: dict[Family, list[str]] = defaultdict(list)
     for i, _ in enumerate(r.typed(("spec", "externalIPs"), list, [])):
-        ip = r.ip(("spec", "externalIPs", i))
-        external_ips[ip_family(ip)].append(ip)
+        try:
+            ip = r.ip(("spec", "externalIPs", i))
+            external_ips[ip_family(ip)].append(ip)
+        except InputError as exc:
+            errors.append(exc)
     lb_ips: dict[Family, list[str]] = defaultdict(list)
     if svc_type == "LoadBalancer":
         for i, _ in enumerate(r.typed(("status", "loadBalancer", "ingress"), list, [])):
-            base = ("status", "loadBalancer", "ingress", i)
-            mode = r.get(base + ("ipMode",))
-            if mode not in (None, "VIP", "Proxy"):  # (the API server allows only these; kube-proxy skips it)
-                r.warn(base + ("ipMode",), f"{mode!r} is neither VIP nor Proxy; this ingress IP is skipped, "
-                                           "as kube-proxy skips it")
-            if r.get(base + ("ip",)) in (None, "") or mode not in (None, "VIP"):
-                continue  # hostname-only ingress ("" is no ip to kube-proxy), or the LB proxies itself
-            ip = r.ip(base + ("ip",))
-            lb_ips[ip_family(ip)].append(ip)
-    ranges: dict[Family, list[str]] = defaultdict(list)
-    raw_ranges = r.typed(("spec", "loadBalancerSourceRanges"), list, [])
-    for i in range(len(raw_ranges)):
-        c = r.cidr(("spec", "loadBalancerSourceRanges", i))
-        if c is not None:
-            ranges[ip_family(c)].append(c)
-    if raw_ranges and not ranges:
-        r.warn(("spec", "loadBalancerSourceRanges"), "no valid range: every source may reach the load balancer "
-               "IPs, as with kube-proxy")
+            try:
+                _read_ingress(r, ("status", "loadBalancer", "ingress", i), lb_ips)
+            except InputError as exc:
+                errors.append(exc)
 
-    affinity = r.enum(("spec", "sessionAffinity"), ("None", "ClientIP"), "None")
+    ranges: dict[Family, list[str]] = defaultdict(list)
+    try:
+        raw_ranges = r.typed(("spec", "loadBalancerSourceRanges"), list, [])
+        for i in range(len(raw_ranges)):
+            c = r.cidr(("spec", "loadBalancerSourceRanges", i))
+            if c is not None:
+                ranges[ip_family(c)].append(c)
+        if raw_ranges and not ranges:
+            r.warn(("spec", "loadBalancerSourceRanges"), "no valid range: every source may reach the load "
+                   "balancer IPs, as with kube-proxy")
+    except InputError as exc:
+        errors.append(exc)
+
     timeout = None
-    if affinity == "ClientIP":
-        tpath: Path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
-        timeout = r.typed(tpath, int, DEFAULT_AFFINITY_TIMEOUT)
-        if not 0 < timeout <= 86400:
-            raise r.error(tpath, f"must be 1-86400, got {timeout}")
+    try:
+        if r.enum(("spec", "sessionAffinity"), ("None", "ClientIP"), "None") == "ClientIP":
+            tpath: Path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
+            timeout = r.typed(tpath, int, DEFAULT_AFFINITY_TIMEOUT)
+            if not 0 < timeout <= 86400:
+                raise r.error(tpath, f"must be 1-86400, got {timeout}")
+    except InputError as exc:
+        errors.append(exc)
     etp = r.get(("spec", "externalTrafficPolicy"), "Cluster")
     if etp == "Global":
         etp = "Cluster"
     if etp not in ("Cluster", "Local"):
-        raise r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}")
-    itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
-    hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
+        errors.append(r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}"))
+    itp = hcnp = None
+    try:
+        itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
+    except InputError as exc:
+        errors.append(exc)
+    try:
+        hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
+    except InputError as exc:
+        errors.append(exc)
 
+    if errors:
+        return None  # (raised by _parse_service)
     if unallocated:
         warnings.append(InputWarning(obj.where(("spec",)), f"Service {obj.namespace}/{obj.name} has no clusterIP; skipped"))
         return None
@@ -419,6 +440,47 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
         affinity_timeout=timeout, etp_local=etp == "Local", itp_local=itp == "Local",
         health_check_node_port=hcnp if (svc_type == "LoadBalancer" and etp == "Local") else None,
     )
+
+
+def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_Port],
+               names: dict[tuple[str, str], int]) -> None:
+    """One of spec.ports, added to ports (and its name to names) when it is valid."""
+    r.typed(base, dict)
+    name = _port_name(r, base + ("name",))
+    protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
+    port = r.port(base + ("port",))
+    node_port = r.port(base + ("nodePort",), required=False, zero_unset=True)
+    if svc_type == "ClusterIP" and node_port is not None:
+        raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
+    if node_port is not None and not 30000 <= node_port <= 32767:
+        r.warn(base + ("nodePort",), f"{node_port} is outside the API server's default range 30000-32767: "
+               "it takes that port on every node address it answers on")
+    if node_port is None and svc_type != "ClusterIP" and not (
+            svc_type == "LoadBalancer" and r.get(("spec", "allocateLoadBalancerNodePorts")) is False):
+        r.warn(base + ("nodePort",), f"not set: a {svc_type} Service's port gets one from the API server; "
+               "this one has no NodePort here")
+    r.typed(base + ("targetPort",), (int, str))
+    if count > 1 and not name:
+        raise r.error(base + ("name",), "is required when a Service has more than one port")
+    if (name, protocol) in names or (name and any(n == name for n, _ in names)):
+        raise r.error(base + ("name",), f"duplicate port name {name!r}")
+    names[(name, protocol)] = int(base[-1])
+    assert port is not None
+    if any(p.port == port and p.protocol == protocol for p in ports):
+        raise r.error(base + ("port",), f"duplicate port {port}/{protocol}")
+    ports.append(_Port(name, protocol, port, node_port))
+
+
+def _read_ingress(r: _Reader, base: Path, lb_ips: dict[Family, list[str]]) -> None:
+    """One of status.loadBalancer.ingress: its IP added to lb_ips when kube-proxy programs it."""
+    mode = r.get(base + ("ipMode",))
+    if mode not in (None, "VIP", "Proxy"):  # (the API server allows only these; kube-proxy skips it)
+        r.warn(base + ("ipMode",), f"{mode!r} is neither VIP nor Proxy; this ingress IP is skipped, "
+                                   "as kube-proxy skips it")
+    if r.get(base + ("ip",)) in (None, "") or mode not in (None, "VIP"):
+        return  # hostname-only ingress ("" is no ip to kube-proxy), or the LB proxies itself
+    ip = r.ip(base + ("ip",))
+    lb_ips[ip_family(ip)].append(ip)
 
 
 def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:
@@ -485,6 +547,18 @@ def _known_fields(raw: dict[str, Any]) -> bool:
 
 
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
+    """The EndpointSlice as the build needs it (None: skipped), or all its errors (InputError(s))."""
+    errors: list[InputError] = []
+    result = None
+    try:
+        result = _read_slice(obj, warnings, errors)
+    except InputError as exc:  # (in a part the others depend on: what was found so far, and this)
+        errors.append(exc)
+    _raise_all(errors)
+    return result
+
+
+def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]) -> _Slice | None:
     r = _Reader(obj, warnings)
     _warn_unknown(r, obj.body, _SLICE)
     labels = r.typed(("metadata", "labels"), dict, {})
@@ -506,15 +580,18 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
     family: Family = _ADDRESS_TYPES[addr_type]  # type: ignore[assignment]
     ports = []
     for i, _ in enumerate(r.typed(("ports",), list, [])):
-        base: Path = ("ports", i)
-        name = _port_name(r, base + ("name",))
-        protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
-        port = r.port(base + ("port",), required=False, zero_unset=True)
-        if port is None:
-            r.warn(base + ("port",), f"{'port 0' if r.get(base + ('port',)) == 0 else 'no port number'}; "
-                   "ignored, as kube-proxy ignores it")
-            continue
-        ports.append((name, protocol, port))
+        try:
+            base: Path = ("ports", i)
+            name = _port_name(r, base + ("name",))
+            protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
+            port = r.port(base + ("port",), required=False, zero_unset=True)
+            if port is None:
+                r.warn(base + ("port",), f"{'port 0' if r.get(base + ('port',)) == 0 else 'no port number'}; "
+                       "ignored, as kube-proxy ignores it")
+            else:
+                ports.append((name, protocol, port))
+        except InputError as exc:
+            errors.append(exc)
     endpoints = []
     # the usual slice has one port: its endpoints carry it and need no copy per port later
     port_number = ports[0][2] if len(ports) == 1 else 0
@@ -552,10 +629,15 @@ def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
                                           terminating is True, intern(node_name) if node_name else node_name,
                                           intern(zone) if zone else zone, _NO_HINTS, _NO_HINTS)
         if ep is None:
-            ep = _endpoint(r, raw, i, family, addr_type, port_number)
+            try:
+                ep = _endpoint(r, raw, i, family, addr_type, port_number)
+            except InputError as exc:
+                errors.append(exc)
             if ep is None:
                 continue
         endpoints.append(ep)
+    if errors:
+        return None  # (raised by _parse_slice)
     return _Slice(obj.namespace, service, family, tuple(ports), tuple(endpoints))
 
 
@@ -800,6 +882,7 @@ class BuildCache:
         # 1. parse what is new (nothing is changed yet: errors leave the memory intact)
         warnings: list[str] = []
         errors: list[InputError] = []
+        failed_warnings: list[str] = []  # (those of the objects with errors)
         parsed: dict[int, tuple[Any, tuple[str, ...]]] = {}
         node_obj = self.node_obj
         if node_obj is not None and (id(node_obj) not in objects if objects is not None else
@@ -826,12 +909,16 @@ class BuildCache:
                     parsed[id(obj)] = (None, tuple(mine))
             except InputError as exc:
                 errors.append(exc)
+                failed_warnings += mine
+            except InputErrors as exc:
+                errors += exc.errors
+                failed_warnings += mine
             except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a shape no check above foresaw
                 log.debug("reading %s %s/%s", obj.kind, obj.namespace, obj.name, exc_info=True)
                 errors.append(InputError(obj.where(()), f"{obj.kind} {obj.namespace}/{obj.name}: unexpected "
                                          f"value ({type(exc).__name__}: {exc})"))
-        if errors:
-            raise InputErrors(errors)
+        if errors:  # (with what was found beside them: the warnings of every object read)
+            raise InputErrors(errors, sorted([w for _, ws in parsed.values() for w in ws] + failed_warnings))
 
         # 2. what the changes touch
         labels = dict(opts.node_labels)
@@ -878,7 +965,11 @@ class BuildCache:
                 results[key] = _service_ports(svc, [sl for _, sl in svc_slices], node)
             else:
                 results[key] = None
-        nodeports = self._check_nodeports(results, services)
+        try:
+            nodeports = self._check_nodeports(results, services)
+        except InputErrors as exc:
+            exc.warnings = sorted(w for _, ws in parsed.values() for w in ws)
+            raise
 
         self.options, self.node_obj, self.node, self.node_names = opts, node_obj, node, node_names
         if objects is not None:
@@ -955,12 +1046,29 @@ class BuildCache:
                         what = (f"nodePort {k[1]}/{k[0]}" if len(k) == 2 else
                                 f"{f'[{k[0]}]' if ':' in k[0] else k[0]}:{k[2]}/{k[1]}")
                         field = "nodePort" if len(k) == 2 else "port"
+                        there = self._port_location(owners[k], field, results, services)
                         errors.append(InputConflict(services[key][0].where(("spec", "ports", i, field)),
-                                                    f"{what} already used by {owners[k]}", ("spec", "ports", i, field)))
+                                                    f"{what} already used by {owners[k]}"
+                                                    + (f" ({there})" if there else ""), ("spec", "ports", i, field)))
                     owners.setdefault(k, sp.id)
         if errors:
             raise InputErrors(errors)
         return owners
+
+
+    def _port_location(self, sid: str, field: str, results: dict[tuple[str, str], Any],
+                       services: dict[tuple[str, str], Any]) -> Location | str | None:
+        """Where a service port (by id, 'ns/name:port/PROTO') has this field of it, for naming the
+        other side of a conflict."""
+        namespace, _, name = sid.split(":", 1)[0].partition("/")
+        key = (namespace, name)
+        if key not in services:
+            return None
+        result = results[key] if key in results else self.results.get(key)
+        for i, sp in enumerate(result[0] if result else []):
+            if sp.id == sid:
+                return services[key][0].where(("spec", "ports", i, field))
+        return services[key][0].where()
 
 
 def _node_missing(name: str, names: Iterable[str], shown: int = 3) -> InputWarning:

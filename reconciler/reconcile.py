@@ -36,11 +36,16 @@ def load_desired(source: str, options: Options, pool: Executor | None = None) ->
         partial = getattr(exc, "loaded", None)
         if partial is not None:
             try:
-                build_desired_state(partial.objects, options.build_options())
+                desired = build_desired_state(partial.objects, options.build_options())
             except InputErrors as more:
-                raise InputErrors(exc.errors + more.errors) from None
+                raise InputErrors(exc.errors + more.errors, [*partial.warnings, *more.warnings]) from None
+            raise InputErrors(exc.errors, [*partial.warnings, *desired.warnings]) from None
         raise
-    desired = build_desired_state(loaded.objects, options.build_options())
+    try:
+        desired = build_desired_state(loaded.objects, options.build_options())
+    except InputErrors as exc:
+        exc.warnings = [*loaded.warnings, *exc.warnings]
+        raise
     for w in (*loaded.warnings, *desired.warnings):
         log.warning("%s", w)
     if not loaded.objects:  # (a wrong --source: applied, it removes every service port of ours)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 Path = tuple[str | int, ...]
 
@@ -24,6 +24,17 @@ class Location:
         if self.column is None:
             return f"{self.origin}:{self.line}"
         return f"{self.origin}:{self.line}:{self.column}"
+
+
+def in_place_order(items: Iterable[Any]) -> list[Any]:
+    """Errors or warnings sorted by file, line and column (those without a place first), as a
+    compiler lists them; otherwise in the order found."""
+    def key(item: Any) -> tuple[str, int, int]:
+        loc = getattr(item, "location", None)
+        if isinstance(loc, Location):
+            return loc.origin, loc.line or 0, loc.column or 0
+        return (str(loc) if loc is not None else ""), 0, 0
+    return sorted(items, key=key)
 
 
 def name_some(names: list[str], shown: int, none: str = "nothing") -> str:
@@ -148,8 +159,10 @@ class InputConflict(InputError):
 
 
 class InputErrors(Exception):
-    """Several InputErrors collected from one pass over the input."""
+    """Several InputErrors collected from one pass over the input, with the warnings that pass
+    found (shown beside the errors: fixing those first should not hide these)."""
 
-    def __init__(self, errors: list[InputError]):
+    def __init__(self, errors: list[InputError], warnings: list[str] | None = None):
         self.errors = errors
+        self.warnings = warnings or []
         super().__init__("\n".join(str(e) for e in errors))

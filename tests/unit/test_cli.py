@@ -64,8 +64,8 @@ def _diagnostics_schema() -> dict[str, Any]:
     return json.loads((Path(__file__).parents[2] / "schemas" / "diagnostics.schema.json").read_text())
 
 
-def test_json_output_of_bad_input_is_a_diagnostics_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                            ) -> None:
+def test_json_output_of_bad_input_is_a_diagnostics_document(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            caplog: pytest.LogCaptureFixture) -> None:
     """-o json on bad input: the errors and warnings as data on stdout (file, line, column, field,
     message: for CI annotations), exit 1, and the same errors as text on stderr."""
     (tmp_path / "web.yaml").write_text(
@@ -94,6 +94,50 @@ def test_json_output_of_bad_input_is_a_diagnostics_document(tmp_path: Path, caps
             {"file": str(tmp_path / "bad.yaml"), "line": 6, "column": 12, "field": "spec.ports[0].port",
              "message": "port 70000 out of range 1-65535"}]
         assert "bad.yaml:6:12: spec.ports[0].port: port 70000 out of range" in err
+        # the warnings found beside the errors are shown too (fixing the errors should not hide them)
+        assert any(w.get("field") == "spec.sessionAfinity" for w in doc["warnings"])
+        assert "web.yaml:8:3: spec.sessionAfinity: unknown field" in caplog.text
+        caplog.clear()
+    (tmp_path / "broken.yaml").write_text("kind: [\n")  # (a file that does not parse: the others are read all the same)
+    assert main(["validate", *args]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [e["file"] for e in doc["errors"]] == [str(tmp_path / "bad.yaml"), str(tmp_path / "broken.yaml")]
+    assert any(w.get("field") == "spec.sessionAfinity" for w in doc["warnings"])
+
+
+def test_every_error_of_one_object_is_reported_in_line_order(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                                             ) -> None:
+    """After an error in one part of an object (a port, an address, a field) the other parts are
+    still read: one run shows all that is wrong with it, as the API server's validation does."""
+    (tmp_path / "web.yaml").write_text("""apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  clusterIP: 10.96.0.600
+  externalIPs: [192.0.2.1, nope]
+  sessionAffinity: Sticky
+  ports:
+    - {name: http, port: 99999}
+    - {name: https, port: 443, protocol: tcp}
+    - {name: dns, port: 53}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 0x}]
+endpoints:
+  - addresses: [10.244.1.5]
+  - addresses: [10.244.1.600]
+  - addresses: [10.244.1.7]
+    conditions: {ready: yes}
+""")
+    assert main(["validate", "--source", str(tmp_path), "--node-name", "node-a", "-o", "json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert [(e["line"], e["field"]) for e in doc["errors"]] == [
+        (5, "spec.clusterIP"), (6, "spec.externalIPs[1]"), (7, "spec.sessionAffinity"), (9, "spec.ports[0].port"),
+        (10, "spec.ports[1].protocol"),
+        (17, "ports[0].port"), (20, "endpoints[1].addresses[0]"), (22, "endpoints[2].conditions.ready")]
 
 
 def test_a_bad_duration_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -261,7 +261,8 @@ def test_bind_address_is_this_nodes_ip_of_its_family(tmp_path, value, override):
     (HEAD + "bindAddressHardFail: 'true'\n", "3:1: bindAddressHardFail: expected true or false, got 'true'"),
     ("kind: KubeProxyConfiguration\napiVersion: kubeproxy.config.k8s.io/v1beta1\n",
      "2:1: apiVersion: expected kubeproxy.config.k8s.io/v1alpha1, got 'kubeproxy.config.k8s.io/v1beta1'"),
-    ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n", "1:1: kind: expected KubeProxyConfiguration, got None"),
+    ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n", "1:1: kind: is required (KubeProxyConfiguration)"),
+    ("kind: KubeProxyConfiguration\nmode: nftables\n", "1:1: apiVersion: is required (kubeproxy.config.k8s.io/v1alpha1)"),
 ])
 def test_what_kube_proxy_refuses_is_refused_with_file_and_line(tmp_path, text, message):
     path = tmp_path / "kp.yaml"

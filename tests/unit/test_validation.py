@@ -97,7 +97,26 @@ def test_one_cluster_ip_port_is_one_service_port(tmp_path):
     with open(os.path.join(tmp_path, "zzz.yaml"), "w") as fh:
         fh.write(other)
     msg = errors_for(tmp_path, BASE.format(ip="10.96.0.1", port=80, proto="TCP"))
-    assert "zzz.yaml:10:7: spec.ports[0].port: 10.96.0.1:80/TCP already used by default/web:http/TCP" in msg
+    assert "zzz.yaml:10:7: spec.ports[0].port: 10.96.0.1:80/TCP already used by default/web:http/TCP " \
+           f"({os.path.join(tmp_path, 'svc.yaml')}:10:7)" in msg  # (the other one's place too)
+
+
+def test_a_conflict_with_a_service_built_before_names_its_place(tmp_path):
+    """The run loop's build cache keeps what it built: a Service arriving later on the same nodePort
+    is refused with the place of the one that has it."""
+    from reconciler.desired import BuildCache
+    web = BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace("clusterIP:", "type: NodePort\n  clusterIP:")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "web.yaml").write_text(web + "      nodePort: 30080\n")
+    (tmp_path / "b" / "zzz.yaml").write_text(web.replace("name: web", "name: zzz").replace("10.96.0.1", "10.96.0.2")
+                                             + "      nodePort: 30080\n")
+    cache = BuildCache()
+    cache.update(load_directory(tmp_path / "a").objects, [], BuildOptions("node-a"))
+    with pytest.raises(InputErrors) as exc:
+        cache.update(load_directory(tmp_path / "b").objects, [], BuildOptions("node-a"))
+    assert str(exc.value) == (f"{tmp_path}/b/zzz.yaml:13:7: spec.ports[0].nodePort: nodePort 30080/TCP already used "
+                              f"by default/web:http/TCP ({tmp_path}/a/web.yaml:13:7)")
 
 
 def test_odd_shapes_are_errors_at_their_place_not_crashes(tmp_path):
