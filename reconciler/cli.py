@@ -326,8 +326,11 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
             b = backend if mode == opts.mode else get_backend(mode)
             ops = b.cleanup(look_first=True)
             b.apply(ops)
+            kept = getattr(b, "kept", [])  # (emptied, not deleted: rules of others jump to them)
             print(f"cleanup ({mode}): " + (f"{len(ops)} operations removed what service-reconciler owned"
-                                           if ops else "nothing of ours to remove"))
+                                           if ops else f"nothing {'more ' if kept else ''}of ours to remove")
+                  + (f"; kept {len(kept)} emptied chain(s) that rules of others jump to: {', '.join(kept)}"
+                     if kept else ""))
         return EXIT_OK
     planned = plan_against_kernel(backend, args.source, opts, describe=args.command == "plan")
     if args.command == "plan":

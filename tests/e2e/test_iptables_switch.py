@@ -269,7 +269,11 @@ def test_rules_of_others_jumping_to_our_chains_are_kept_and_so_are_those_chains(
     import jsonschema
     jsonschema.validate(observed, json.loads((REPO / "schemas" / "iptables-model.schema.json").read_text()))
 
-    ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)
+    out = ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)
+    assert f"; kept 1 emptied chain(s) that rules of others jump to: {svc}" in out.stdout
+    again = ns.reconciler("cleanup", "--mode", "iptables", flavour=flavour)
+    assert f"nothing more of ours to remove; kept 1 emptied chain(s) that rules of others jump to: {svc}" \
+        in again.stdout
     left = ns.save(flavour)
     assert [line for line in our_lines(left) if svc not in line] == []
     assert f"-A OPS-CANARY -s 192.0.2.0/24 -j {svc}" in left and f"-A OUTPUT -d 192.0.2.9/32 -j {svc}" in left

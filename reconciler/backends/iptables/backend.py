@@ -38,6 +38,7 @@ class IptablesBackend:
             raise ValueError(f"unknown iptables flavour {flavour!r}")
         self._flavour = flavour
         self.last_restore_seconds: dict[str, float] = {}
+        self.kept: list[str] = []  # see cleanup()
         self._renderer = Renderer()  # keeps per-service fragments: later renders cost O(changes)
 
     @property
@@ -121,7 +122,12 @@ class IptablesBackend:
         return script(operations)
 
     def cleanup(self, look_first: bool = False) -> list[Operation]:  # (one save reads everything anyway)
-        return diff(IptablesModel(), self.observe())
+        """(Also leaves in self.kept the chains of ours it empties but keeps: rules of others jump
+        to them.)"""
+        observed = self.observe()
+        self.kept = sorted({r.target for tables in observed.families.values() for state in tables.values()
+                            for r in state.foreign if r.target})
+        return diff(IptablesModel(), observed)
 
     def removed_whole(self, observed: IptablesModel, operations: list[Operation]) -> set[str]:
         return set()  # (every chain it removes is named by an operation of its own)
