@@ -228,11 +228,12 @@ def _workers(backend: Any) -> Iterator[tuple[Future[Any], Executor | None]]:
 
 def touched_services(ops: list[Operation], backend: Any = None, observed: Any = None) -> set[str]:
     """The service ports the operations name; with the backend and the model they were planned
-    against, also those whose objects go with a whole table (Backend.removed_whole)."""
+    against, also those whose objects go without an operation naming them (Backend.removed_unnamed:
+    with a whole table, with a shared chain rewritten whole)."""
     named = {op.service for op in ops if op.service}
-    if backend is None or observed is None or not any(op.kind == "table" and op.action == "-" for op in ops):
+    if backend is None or observed is None:
         return named
-    return named | backend.removed_whole(observed, ops)
+    return named | backend.removed_unnamed(observed, ops)
 
 
 def other_mode_leftovers(mode: str, look_first: bool = False, unseen_only: bool = False) -> list[Operation]:

@@ -121,10 +121,10 @@ class Backend(Protocol):
         traffic's too, when others), source ranges and affinity as a model shows them (for
         people; see view_entry)."""
 
-    def removed_whole(self, observed: Any, operations: list[Operation]) -> set[str]:
-        """The service ports whose objects the operations remove without naming them, with a whole
-        table that `observed` holds them in (asked only of operations that delete a table): with
-        the operations' own, what a plan touches."""
+    def removed_unnamed(self, observed: Any, operations: list[Operation]) -> set[str]:
+        """The service ports whose objects the operations remove without naming them (with a whole
+        table, or a shared chain rewritten whole, as `observed` holds it): with the operations'
+        own, what a plan touches. Cheap when there are none (asked of every plan)."""
 
     def cleanup(self, look_first: bool = False) -> list[Operation]:
         """Operations removing every kernel object this tool owns (and nothing else). `look_first`:

@@ -330,6 +330,9 @@ class ViewBackend:
     def service_view(self, model: dict[str, Any], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         return {s: v for s, v in model.items() if only is None or s in only}
 
+    def removed_unnamed(self, observed, operations) -> set:  # (every operation names its service port)
+        return set()
+
 
 def test_apply_cleans_and_a_sync_with_nothing_to_apply_retries_a_failed_cleanup(
         conntrack_in_memory: FakeConntrack) -> None:

@@ -130,6 +130,9 @@ class FakeBackend:
     def service_view(self, model: dict[str, str], only: set[str] | None = None) -> dict[str, dict[str, Any]]:
         return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items()}
 
+    def removed_unnamed(self, observed, operations) -> set:  # (every operation names its service port)
+        return set()
+
     def cleanup(self, look_first: bool = False) -> list[Operation]:
         self.cleanup_calls += 1
         return [Operation("-", "service", sid, f"delete {sid}", sid) for sid in sorted(self.kernel)]

@@ -215,6 +215,9 @@ class DyingChildBackend:
     def service_view(self, model, only=None) -> dict:
         return {}
 
+    def removed_unnamed(self, observed, operations) -> set:  # (every operation names its service port)
+        return set()
+
 
 def test_plan_reads_the_kernel_here_when_the_child_dies(tmp_path: Path, monkeypatch):
     """plan_against_kernel forks a child to read the kernel; if it dies, the read happens in-process."""

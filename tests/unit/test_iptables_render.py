@@ -903,3 +903,36 @@ def test_the_endpoints_external_traffic_reaches_under_each_policy(mode):
     assert view["default/sticky:http/TCP"]["affinity"] == ["ClientIP 10800s"]
     assert "nodePort 30004/tcp (drop)" in view["default/none:http/TCP"]["addresses"]
     assert backend.service_view(model, set(view)) == view
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+@pytest.mark.parametrize("change", ["externalIP removed", "LB IP removed", "service without endpoints deleted"])
+def test_a_plan_names_a_change_that_only_takes_rules_out_of_a_shared_chain(mode, change):
+    """A change that only removes a service port's rule from a short shared chain (iptables
+    rewrites it whole: a flush names no service port) is listed under that service port as in
+    nftables mode, with what goes."""
+    import copy
+
+    from reconciler.reconcile import make_plan
+
+    objects = load_directory(STATE_DIR).objects
+    changed = copy.deepcopy(objects)
+    if change == "service without endpoints deleted":
+        changed = [o for o in changed if not (o.kind == "Service" and o.name == "prometheus")]
+        sid, details = "monitoring/prometheus:web/TCP", "- address 10.96.30.9:9090/tcp (reject)"
+    for obj in changed:
+        if obj.kind == "Service" and obj.name == "frontend" and change == "externalIP removed":
+            obj.body["spec"]["externalIPs"] = []
+            sid, details = "shop/frontend:https/TCP", "- address 172.30.1.50:443/tcp"
+        if obj.kind == "Service" and obj.name == "frontend" and change == "LB IP removed":
+            del obj.body["status"]
+            sid, details = "shop/frontend:https/TCP", "- address 172.30.1.10:443/tcp"
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    before = backend.render(build_desired_state(objects, OPTS))
+    planned = make_plan(backend, build_desired_state(changed, OPTS), observed_model=before, other_mode=False)
+    services = {s.service: s for s in planned.plan.services}
+    assert sid in services and details in services[sid].details, planned.plan.to_text()
+    assert "0 service ports to add" in planned.plan.summary()
+    undescribed = make_plan(backend, build_desired_state(changed, OPTS), observed_model=before, other_mode=False,
+                            describe=False)
+    assert sum(undescribed.count_services(backend).values()) == len(planned.plan.services)

@@ -66,6 +66,9 @@ class SlowKernel:
         self.describing.set()
         return {sid: {"addresses": [d], "endpoints": []} for sid, d in model.items() if only is None or sid in only}
 
+    def removed_unnamed(self, observed, operations) -> set:  # (every operation names its service port)
+        return set()
+
 
 def desired():
     return build([service("web", "10.96.0.10", [{"name": "http", "port": 80}]),

@@ -15,7 +15,7 @@ from ...state import DesiredState
 from ..base import KernelError, Operation, view_entry, view_sets
 from ..generation import commits_between, generation
 from . import kernel
-from .diff import diff, restore_lines, rule_owner, script
+from .diff import diff, restore_lines, rule_owner, script, services_of_rewritten_chains
 from .observed import canonical_texts, read_our_tables
 from .render import (
     COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, EXTERNAL_CHECK, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX,
@@ -129,8 +129,8 @@ class IptablesBackend:
                             for r in state.foreign if r.target})
         return diff(IptablesModel(), observed)
 
-    def removed_whole(self, observed: IptablesModel, operations: list[Operation]) -> set[str]:
-        return set()  # (every chain it removes is named by an operation of its own)
+    def removed_unnamed(self, observed: IptablesModel, operations: list[Operation]) -> set[str]:
+        return services_of_rewritten_chains(observed, operations)
 
     def model_to_dict(self, model: IptablesModel) -> dict[str, Any]:
         return model.to_dict()

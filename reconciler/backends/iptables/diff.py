@@ -115,6 +115,27 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
     return declare + fill + edits + jumps + delete
 
 
+def services_of_rewritten_chains(observed: IptablesModel, ops: list[Operation]) -> set[str]:
+    """The service ports whose rules go with a chain rewritten whole (a short shared chain, e.g.
+    SERVICES, flushed and filled again) without a rule of theirs among those written back: the
+    flush names no service port, so these are read from the chain as `observed` holds it."""
+    rewritten = {op.name for op in ops if op.kind == "chain" and op.action == "~"}
+    if not rewritten:
+        return set()
+    written: dict[str, set[str]] = {}
+    for op in ops:
+        if op.name in rewritten and op.kind == "rule" and op.action == "+":
+            written.setdefault(op.name, set()).add(op.text)
+    family_of = {cmd: family for family, cmd in COMMANDS.items()}
+    out: set[str] = set()
+    for where in rewritten:
+        cmd, table, chain = where.split(" ", 2)
+        old = observed.table(family_of[cmd], table).chains.get(chain, ())
+        kept = written.get(where, set())
+        out.update(sid for r in old if (sid := rule_owner(r)) and r.to_text(counters=False) not in kept)
+    return out
+
+
 def _holds(chains: Mapping[str, tuple[Rule, ...]], name: str, rules: tuple[Rule, ...],
            texts: dict[str, Ahead] | None) -> bool:
     """Whether chains[name] is there with these rules, argument for argument: a chain read from a

@@ -89,7 +89,7 @@ class NftablesBackend:
     def cleanup(self, look_first: bool = False) -> list[Operation]:
         return diff(Ruleset(), observe(look_first))
 
-    def removed_whole(self, observed: Ruleset, operations: list[Operation]) -> set[str]:
+    def removed_unnamed(self, observed: Ruleset, operations: list[Operation]) -> set[str]:
         return services_of_deleted_tables(observed, operations)
 
     def model_to_dict(self, model: Ruleset) -> dict[str, Any]:
