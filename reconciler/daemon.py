@@ -427,8 +427,19 @@ class Daemon:
             self._pending = _PendingChanges()
             self._pending.added = held
             self._set_pending_changes()
+            if not self._build_cache.objects and not held:
+                return None, [*all_errors, self._empty_source()]
             return desired, all_errors
         return None, all_errors
+
+    def _empty_source(self) -> InputError:
+        """A directory with no Service, EndpointSlice or Node (a wrong --source, a folder cloned
+        again and not checked out yet, an emptied branch) is taken for a mistake: applied, it
+        would remove every service port of ours."""
+        root = getattr(self.source, "root", "source")
+        return InputError(Location(root), "no Service, EndpointSlice or Node in it: taken for a mistake "
+                          "(a wrong --source, a checkout not done yet), not applied; `reconciler cleanup` "
+                          "removes every service port of ours")
 
     def _may_start_without_bad_files(self, snap: Snapshot) -> bool:
         """A directory with errors keeps the last good state whole; before there is one (a
@@ -500,7 +511,8 @@ class Daemon:
         key = tuple(messages)
         if key != self._input.errors:
             new = [m for m in messages if m not in self._input.errors]
-            what = "keeping the last good state" if kept else "skipping the objects"
+            what = ("skipping the objects" if not kept else "keeping the last good state" if self.desired is not None
+                    else "nothing applied yet: the kernel is left as it is")
             for m in messages:
                 log.error("invalid input (%s): %s", what, m, extra=_fields(error=m))
             self.metrics.source_errors.labels("invalid").inc(len(new))

@@ -865,9 +865,36 @@ def test_daemon_with_directory_source(tmp_path: Path) -> None:
     assert list(backend.kernel) == ["default/a:http/TCP"]
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
     (tmp_path / "b.yaml").unlink()
-    (tmp_path / "a.yaml").unlink()
+    (tmp_path / "c.yaml").write_text(SVC_YAML.format(name="c", ip="10.96.0.12", port=80))
     next_sync(d, clock)
-    assert backend.kernel == {}  # an empty (valid) directory does remove everything
+    assert list(backend.kernel) == ["default/a:http/TCP", "default/c:http/TCP"]
+    assert "lastError" not in d.health.body(True)[1]
+
+
+def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture
+                                                             ) -> None:
+    """An emptied directory (a wrong --source, a folder cloned again before its checkout, an
+    emptied branch) is taken for a mistake: applied, it would remove every service port."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    d, backend, clock = directory_daemon(tmp_path)
+    d.step()
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    (tmp_path / "a.yaml").unlink()
+    (tmp_path / "notes.txt").write_text("not a manifest")
+    next_sync(d, clock)
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    error = d.health.body(True)[1]["lastError"]
+    assert error.startswith(f"{tmp_path}: no Service, EndpointSlice or Node in it: taken for a mistake"), error
+    assert "invalid input (keeping the last good state)" in caplog.text
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))  # (the checkout done)
+    next_sync(d, clock)
+    assert list(backend.kernel) == ["default/b:http/TCP"] and "lastError" not in d.health.body(True)[1]
+    (tmp_path / "b.yaml").unlink()  # a process started on it (a wrong --source): the kernel as it is
+    caplog.clear()
+    again, _, _ = directory_daemon(tmp_path, backend)
+    again.step()
+    assert list(backend.kernel) == ["default/b:http/TCP"]
+    assert "invalid input (nothing applied yet: the kernel is left as it is)" in caplog.text
 
 
 def test_a_warning_is_logged_once_while_it_holds_and_again_when_it_changes(
