@@ -308,6 +308,9 @@ class DirectorySource:
         # (before taking the changes: those made meanwhile come too; after a wait, the tree is
         # walked: the watcher may still hold back the events of git's last writes)
         waited = self._wait_for_git()
+        if waited is None:  # stopping while git writes the tree: nothing of it is read
+            log.info("stopping while git holds the index lock of %s: its changes are not read", self.root)
+            return Snapshot(changed=False, added_objects=[], removed_objects=[])
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
@@ -396,11 +399,12 @@ class DirectorySource:
         snap.errors.extend(duplicates)
         return snap
 
-    def _wait_for_git(self) -> bool:
+    def _wait_for_git(self) -> bool | None:
         """While git holds the index lock of the work tree the root is in, it may be writing
-        files: wait, up to lock_wait (polling; a stop ends it), then read anyway. A lock held
-        that long (a long git command, or one that crashed) is warned about once, and not
-        waited for again. True when it waited."""
+        files: wait, up to lock_wait (polling), then read anyway. A lock held that long (a long
+        git command, or one that crashed) is warned about once, and not waited for again. True
+        when it waited; None when a stop ended the wait (the tree is not to be read: git may be
+        half-way)."""
         git_dir = _git_dir(self.root)
         if git_dir is None:
             return False
@@ -421,7 +425,7 @@ class DirectorySource:
                             lock, self._lock_wait, self.root)
                 return True
             if self._stop.wait(LOCK_POLL_SECONDS):
-                return True
+                return None
             waited += LOCK_POLL_SECONDS
 
     def _duplicates(self, all_objects: Callable[[], list[SourceObject]], check: set[str] | None,

@@ -64,6 +64,27 @@ def test_snapshot_waits_while_git_holds_the_index_lock(tmp_path: Path) -> None:
     assert result == [["a", "b", "c"]]
 
 
+def test_a_stop_while_git_holds_the_lock_reads_nothing_of_the_tree(tmp_path: Path) -> None:
+    """SIGTERM during a checkout ends the wait, but the half-written tree is not read (the
+    daemon's last sync must not program it)."""
+    (tmp_path / ".git").mkdir()
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    stop = threading.Event()
+    src = DirectorySource(str(tmp_path), lock_wait=10.0, stop_event=stop)
+    assert names(src) == ["a"]
+    (tmp_path / ".git" / "index.lock").write_text("")
+    (tmp_path / "a.yaml").unlink()  # git half-way: a.yaml gone, its new place not written yet
+    result = []
+    reader = threading.Thread(target=lambda: result.append(src.snapshot(objects=False)))
+    reader.start()
+    reader.join(0.3)
+    stop.set()
+    reader.join(5)
+    assert not reader.is_alive()
+    snap = result[0]
+    assert not snap.changed and snap.removed_objects == [] and snap.added_objects == []
+
+
 def test_the_lock_of_the_work_tree_above_the_root_counts_too(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "index.lock").write_text("")
