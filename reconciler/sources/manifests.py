@@ -86,8 +86,10 @@ class LoadResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def manifest_files(root: str | os.PathLike[str]) -> list[str]:
-    """Every manifest file under root (recursively, sorted, hidden entries skipped)."""
+def manifest_files(root: str | os.PathLike[str], linked_dirs: list[str] | None = None) -> list[str]:
+    """Every manifest file under root (recursively, sorted, hidden entries skipped). A symbolic
+    link to a directory is not followed (nor watched): it is added to `linked_dirs`, for a
+    warning (linked_dir_warning)."""
     root_path = FsPath(root)
     if root_path.is_file():
         return [str(root_path)]
@@ -96,6 +98,8 @@ def manifest_files(root: str | os.PathLike[str]) -> list[str]:
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root_path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        if linked_dirs is not None:
+            linked_dirs += [os.path.join(dirpath, d) for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
         for name in sorted(filenames):
             if not name.startswith(".") and name.endswith(SUFFIXES):
                 out.append(os.path.join(dirpath, name))
@@ -103,6 +107,11 @@ def manifest_files(root: str | os.PathLike[str]) -> list[str]:
 
 
 _NODE_KIND = re.compile(r"^[ \t-]*kind:[ \t]*[\"']?Node[\"']?[ \t]*(#.*)?$" r'|"kind"\s*:\s*"Node"', re.M)
+
+
+def linked_dir_warning(path: str) -> InputWarning:
+    return InputWarning(Location(path), "a symbolic link to a directory: not followed, its manifests are not read "
+                                        "(link the files, or copy the directory)")
 
 
 def may_hold_a_node(path: str) -> bool:
@@ -247,7 +256,9 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     """
     result = LoadResult()
     errors: list[InputError] = []
-    files = manifest_files(root)
+    linked: list[str] = []
+    files = manifest_files(root, linked)
+    result.warnings += [linked_dir_warning(d) for d in linked]
     chunks: dict[int, Future[list[list[Any] | None]]] = {}
     if pool is not None and len(files) >= PARALLEL_MIN_FILES:
         for start in reversed(range(len(files) // 2, len(files), PARALLEL_CHUNK)):

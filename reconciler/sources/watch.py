@@ -27,8 +27,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Container, Iterable
 
-from .manifests import SUFFIXES, LoadResult, duplicate_errors, load_file, manifest_files
-from .objects import InputError, SourceObject, name_some
+from .manifests import SUFFIXES, LoadResult, duplicate_errors, linked_dir_warning, load_file, manifest_files
+from .objects import InputError, InputWarning, SourceObject, name_some
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +148,7 @@ class DirectorySource:
         self._stop = stop_event or threading.Event()  # (the caller's: it ends a wait for git too)
         self._thread: threading.Thread | None = None
         self._first = True
+        self._linked_dirs: list[InputWarning] = []  # (found by the last walk of the tree)
         self._files: set[str] | None = None  # manifest files as of the last snapshot
         self._dirs: set[str] = set()  # the folders those are in (and were in since the last walk)
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
@@ -322,8 +323,10 @@ class DirectorySource:
             self._files -= check - present
             self._add_dirs(present)
         else:
+            linked: list[str] = []
             try:
-                walked = manifest_files(self.root)
+                walked = manifest_files(self.root, linked)
+                self._linked_dirs = [linked_dir_warning(d) for d in linked]
             except InputError as exc:  # the directory itself is gone: an input error, not "empty"
                 self._first = True  # whatever comes back next is a change
                 self._files = None
@@ -383,7 +386,7 @@ class DirectorySource:
                         self._warnings[path] = e.result.warnings
             order = ordered() if objects else sorted(set(self._errors) | set(self._warnings))
             snap.errors = [self._errors[p] for p in order if p in self._errors]
-            snap.warnings = [w for p in order for w in self._warnings.get(p, ())]
+            snap.warnings = [*self._linked_dirs, *(w for p in order for w in self._warnings.get(p, ()))]
 
         @functools.cache  # the object list and the duplicate check may both need it
         def all_objects() -> list[SourceObject]:

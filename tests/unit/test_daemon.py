@@ -785,7 +785,7 @@ def test_named_files_are_checked_without_walking_the_tree(tmp_path: Path, count_
     src.snapshot()
     walks: list[str] = []
     real_walk = watch_mod.manifest_files
-    monkeypatch.setattr(watch_mod, "manifest_files", lambda root: walks.append(root) or real_walk(root))
+    monkeypatch.setattr(watch_mod, "manifest_files", lambda root, linked=None: walks.append(root) or real_walk(root, linked))
     count_loads.clear()
     write(tmp_path / "s1.yaml", SVC_YAML.format(name="s1", ip="10.96.0.11", port=81))
     src._dirty |= {str(tmp_path / "s1.yaml"), str(tmp_path / ".s1.yaml.tmp"), str(tmp_path / "notes.txt")}

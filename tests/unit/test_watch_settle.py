@@ -393,3 +393,18 @@ def test_a_git_pull_is_read_whole(tmp_path: Path) -> None:
         src.stop()
     assert seen and seen[-1] == {"2"}
     assert all(len(versions) == 1 for versions in seen), [sorted(v) for v in seen]
+
+
+def test_a_symlinked_directory_is_warned_about_not_silently_skipped(tmp_path: Path) -> None:
+    """A link to a directory is not followed (nor could it be watched): its manifests would be
+    missing without a word; both the one-shot read and the watched directory say so."""
+    from reconciler.sources.manifests import load_directory
+
+    svc(tmp_path / "shared" / "apps" / "b.yaml", "b", "10.96.0.11")
+    svc(tmp_path / "root" / "a.yaml", "a", "10.96.0.10")
+    (tmp_path / "root" / "apps").symlink_to(tmp_path / "shared" / "apps")
+    want = f"{tmp_path}/root/apps: a symbolic link to a directory: not followed"
+    loaded = load_directory(str(tmp_path / "root"))
+    assert [o.name for o in loaded.objects] == ["a"] and any(w.startswith(want) for w in loaded.warnings)
+    snap = DirectorySource(str(tmp_path / "root")).snapshot()
+    assert [o.name for o in snap.objects] == ["a"] and any(w.startswith(want) for w in snap.warnings)
