@@ -209,6 +209,7 @@ class _PendingChanges:
 class _InputState:
     errors: tuple[str, ...] = ()
     warnings: set[str] = field(default_factory=set)
+    held: bool = False  # the errors hold back every change (a directory's), not just their objects
 
 
 class Daemon:
@@ -517,6 +518,7 @@ class Daemon:
                 log.error("invalid input (%s): %s", what, m, extra=_fields(error=m))
             self.metrics.source_errors.labels("invalid").inc(len(new))
             self._input.errors = key
+        self._input.held = kept
         summary = messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else "")
         self.health.set_input_error(summary)
         self.metrics.degraded.set(1)
@@ -524,7 +526,7 @@ class Daemon:
     def _input_ok(self) -> None:
         if self._input.errors:
             log.info("input is valid again")
-        self._input.errors = ()
+        self._input.errors, self._input.held = (), False
         self.health.set_input_error(None)
         self.metrics.degraded.set(0)
 
@@ -696,12 +698,14 @@ class Daemon:
         self.health.updated()
         if self.service_health is not None:
             self.service_health.sync(desired.healthChecks)
-        log.info("sync %s: service ports +%d ~%d -%d, %d operations, %.1fms", report.kind, report.added,
-                 report.changed, report.removed, report.operations, report.seconds * 1000,
+        held = "; the input has errors (logged above): changes since the last valid input are held back" \
+            if self._input.held else ""
+        log.info("sync %s: service ports +%d ~%d -%d, %d operations, %.1fms%s", report.kind, report.added,
+                 report.changed, report.removed, report.operations, report.seconds * 1000, held,
                  extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
                                removed=report.removed, operations=report.operations,
                                duration_ms=round(report.seconds * 1000, 1), services=len(desired.services),
-                               kernel_read=report.kernel_read))
+                               kernel_read=report.kernel_read, held_back=self._input.held))
         if self.after_first_sync is not None:
             hook, self.after_first_sync = self.after_first_sync, None
             hook()

@@ -855,7 +855,7 @@ def next_sync(d: Daemon, clock: FakeClock) -> None:
     d.step()
 
 
-def test_daemon_with_directory_source(tmp_path: Path) -> None:
+def test_daemon_with_directory_source(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     d, backend, clock = directory_daemon(tmp_path)
     d.step()
@@ -864,6 +864,12 @@ def test_daemon_with_directory_source(tmp_path: Path) -> None:
     next_sync(d, clock)
     assert list(backend.kernel) == ["default/a:http/TCP"]
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
+    caplog.clear()
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=81))  # (held back)
+    with caplog.at_level(logging.INFO, logger="reconciler.daemon"):
+        next_sync(d, clock)
+    assert list(backend.kernel) == ["default/a:http/TCP"] and len(backend.applies) == 1
+    assert "+0 ~0 -0, 0 operations" in caplog.text and "changes since the last valid input are held back" in caplog.text
     (tmp_path / "b.yaml").unlink()
     (tmp_path / "c.yaml").write_text(SVC_YAML.format(name="c", ip="10.96.0.12", port=80))
     next_sync(d, clock)
