@@ -369,7 +369,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     names: dict[tuple[str, str], int] = {}
     for i in range(len(raw_ports)):
         try:
-            _read_port(r, ("spec", "ports", i), svc_type, len(raw_ports), ports, names)
+            _read_port(r, ("spec", "ports", i), svc_type, len(raw_ports), ports, names, errors)
         except InputError as exc:
             errors.append(exc)
 
@@ -442,14 +442,30 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     )
 
 
+def _attempt(errors: list[InputError], read: Callable[..., Any], *args: Any, default: Any = None, **kw: Any) -> Any:
+    """read(*args, **kw), or (its InputError added to errors) default: one field's error does not
+    stop the reading of the next."""
+    try:
+        return read(*args, **kw)
+    except InputError as exc:
+        errors.append(exc)
+        return default
+
+
 def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_Port],
-               names: dict[tuple[str, str], int]) -> None:
-    """One of spec.ports, added to ports (and its name to names) when it is valid."""
+               names: dict[tuple[str, str], int], errors: list[InputError]) -> None:
+    """One of spec.ports, added to ports (and its name to names) when it is valid; the errors of
+    its fields, each of them, added to errors when not (or one raised)."""
     r.typed(base, dict)
-    name = _port_name(r, base + ("name",))
-    protocol = r.enum(base + ("protocol",), PROTOCOLS, "TCP")
-    port = r.port(base + ("port",))
-    node_port = r.port(base + ("nodePort",), required=False, zero_unset=True)
+    reads = (lambda: _port_name(r, base + ("name",)), lambda: r.enum(base + ("protocol",), PROTOCOLS, "TCP"),
+             lambda: r.port(base + ("port",)), lambda: r.port(base + ("nodePort",), required=False, zero_unset=True),
+             lambda: r.typed(base + ("targetPort",), (int, str)))
+    try:
+        name, protocol, port, node_port, _ = [read() for read in reads]
+    except InputError:  # read again, field by field: each wrong one is reported
+        for read in reads:
+            _attempt(errors, read)
+        return
     if svc_type == "ClusterIP" and node_port is not None:
         raise r.error(base + ("nodePort",), "a ClusterIP Service has no nodePort (type NodePort or LoadBalancer has)")
     if node_port is not None and not 30000 <= node_port <= 32767:
@@ -459,7 +475,6 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
             svc_type == "LoadBalancer" and r.get(("spec", "allocateLoadBalancerNodePorts")) is False):
         r.warn(base + ("nodePort",), f"not set: a {svc_type} Service's port gets one from the API server; "
                "this one has no NodePort here")
-    r.typed(base + ("targetPort",), (int, str))
     if count > 1 and not name:
         raise r.error(base + ("name",), "is required when a Service has more than one port")
     if (name, protocol) in names or (name and any(n == name for n, _ in names)):
@@ -633,6 +648,8 @@ def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]
                 ep = _endpoint(r, raw, i, family, addr_type, port_number)
             except InputError as exc:
                 errors.append(exc)
+            except InputErrors as exc:  # (several fields of it)
+                errors += exc.errors
             if ep is None:
                 continue
         endpoints.append(ep)
@@ -655,23 +672,27 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
     if not addrs:
         r.warn(base + ("addresses",), "no address; ignored, as kube-proxy ignores it")
         return None
-    ip = _address(r, base + ("addresses", 0), addrs[0], family, addr_type)  # kube-proxy uses the first only
-    for j in range(1, len(addrs)):  # (the others, unused, must still be of the slice's type)
-        _address(r, base + ("addresses", j), addrs[j], family, addr_type)
+    errors: list[InputError] = []  # (each field's: one does not hide the next)
+    ip = _attempt(errors, _address, r, base + ("addresses", 0), addrs[0], family, addr_type)  # (the first only
+    for j in range(1, len(addrs)):  # is used; the others must still be of the slice's type)
+        _attempt(errors, _address, r, base + ("addresses", j), addrs[j], family, addr_type)
     cond = raw.get("conditions") or {}
     if not isinstance(cond, dict):
-        raise r.error(base + ("conditions",), "expected a mapping")
-    ready = _flag(r, cond, "ready", True, base)
-    serving = _flag(r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
-    terminating = _flag(r, cond, "terminating", False, base)
+        errors.append(r.error(base + ("conditions",), "expected a mapping"))
+        cond = {}
+    ready = _attempt(errors, _flag, r, cond, "ready", True, base)
+    serving = _attempt(errors, _flag, r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
+    terminating = _attempt(errors, _flag, r, cond, "terminating", False, base)
     hints = raw.get("hints") or {}
     if not isinstance(hints, dict):
-        raise r.error(base + ("hints",), "expected a mapping")
+        errors.append(r.error(base + ("hints",), "expected a mapping"))
+        hints = {}
     node_name = raw.get("nodeName")
     zone = raw.get("zone")
     for key, value in (("nodeName", node_name), ("zone", zone)):
         if value is not None and not isinstance(value, str):
-            raise r.error(base + (key,), f"expected string, got {_tname(type(value))}")
+            errors.append(r.error(base + (key,), f"expected string, got {_tname(type(value))}"))
+    _raise_all(errors)
     # a few names repeat across 100k endpoints: share one string each
     node_name = intern(node_name) if node_name else node_name
     zone = intern(zone) if zone else zone

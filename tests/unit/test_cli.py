@@ -118,7 +118,7 @@ spec:
   sessionAffinity: Sticky
   ports:
     - {name: http, port: 99999}
-    - {name: https, port: 443, protocol: tcp}
+    - {name: https, port: "443", protocol: tcp}
     - {name: dns, port: 53}
 ---
 apiVersion: discovery.k8s.io/v1
@@ -129,6 +129,7 @@ ports: [{name: http, port: 0x}]
 endpoints:
   - addresses: [10.244.1.5]
   - addresses: [10.244.1.600]
+    conditions: {ready: 1}
   - addresses: [10.244.1.7]
     conditions: {ready: yes}
 """)
@@ -136,8 +137,9 @@ endpoints:
     doc = json.loads(capsys.readouterr().out)
     assert [(e["line"], e["field"]) for e in doc["errors"]] == [
         (5, "spec.clusterIP"), (6, "spec.externalIPs[1]"), (7, "spec.sessionAffinity"), (9, "spec.ports[0].port"),
-        (10, "spec.ports[1].protocol"),
-        (17, "ports[0].port"), (20, "endpoints[1].addresses[0]"), (22, "endpoints[2].conditions.ready")]
+        (10, "spec.ports[1].port"), (10, "spec.ports[1].protocol"),  # (each field of one port)
+        (17, "ports[0].port"), (20, "endpoints[1].addresses[0]"), (21, "endpoints[1].conditions.ready"),
+        (23, "endpoints[2].conditions.ready")]
 
 
 def test_a_bad_duration_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
