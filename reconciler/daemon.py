@@ -54,7 +54,9 @@ from .health import (
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.manifests import may_hold_a_node
-from .sources.objects import InputConflict, InputError, InputErrors, Location, SourceObject, name_some
+from .sources.objects import (
+    InputConflict, InputError, InputErrors, Location, SourceObject, in_place_order, name_some,
+)
 from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot
 from .state import DesiredState
 
@@ -370,7 +372,7 @@ class Daemon:
             skipped, errors = errors, []
         if not errors:
             desired, errors, excluded = self._build(snap, first_start)
-        errors = [*skipped, *errors]
+        errors = in_place_order([*skipped, *errors])
         if errors and desired is None:
             self._input_failed([str(e) for e in errors])
             return

@@ -877,6 +877,19 @@ def test_daemon_with_directory_source(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "lastError" not in d.health.body(True)[1]
 
 
+def test_run_logs_the_input_errors_in_file_and_line_order(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """As validate lists them (the build reads EndpointSlices before Services)."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=70000) + "---\n"
+                                     "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+                                     "metadata: {name: a-1, labels: {kubernetes.io/service-name: a}}\n"
+                                     "addressType: IPv4\nendpoints: [{addresses: [10.244.1.300]}]\n")
+    d, backend, _ = directory_daemon(tmp_path)
+    d.step()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("invalid input")]
+    assert [m.split(f"{tmp_path}/a.yaml:")[1].split(":")[0] for m in lines] == ["10", "17"], lines
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/a.yaml:10:")
+
+
 def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
     """An emptied directory (a wrong --source, a folder cloned again before its checkout, an
