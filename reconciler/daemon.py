@@ -272,6 +272,14 @@ class Daemon:
     def wake(self) -> None:
         self._wake.set()
 
+    def resync_now(self) -> None:
+        """A full resync as soon as min-sync-period allows (SIGHUP): the whole source read again,
+        the kernel checked as at the periodic resync."""
+        with self._lock:
+            self._dirty = True
+        self._need_full = True
+        self._wake.set()
+
     def node_eligible(self) -> bool:
         node = self._node
         if node is None:
@@ -736,6 +744,9 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     from .backends import get_backend
 
     setup_logging(getattr(args, "log_format", "text") or "text", bool(getattr(args, "verbose", False)))
+    if not opts.cluster_cidrs and not opts.masquerade_all:  # (as kube-proxy says at start)
+        log.warning("no --cluster-cidr (clusterCIDR): traffic to ClusterIPs from outside the pod network cannot "
+                    "be told from pods' and is not masqueraded (replies may not find their way back)")
     backend = get_backend(opts.mode)
     metrics = Metrics(opts.mode)
     daemon = Daemon(opts, backend, None, metrics=metrics)
@@ -827,7 +838,8 @@ def start_events(send: Sender, node: str, service_health: ServiceHealthServers |
 
 def _install_signal_handlers(stop: threading.Event, daemon: Daemon) -> dict[int, Any]:
     """SIGTERM/SIGINT only set the stop flag: the sync in progress completes (its transaction is
-    atomic anyway), then the loop exits. Returns the previous handlers."""
+    atomic anyway), then the loop exits. SIGHUP asks for a full resync now (as a reload does
+    elsewhere). Returns the previous handlers."""
     if threading.current_thread() is not threading.main_thread():
         return {}
 
@@ -837,7 +849,12 @@ def _install_signal_handlers(stop: threading.Event, daemon: Daemon) -> dict[int,
         stop.set()
         daemon.wake()
 
+    def hangup(_signum: int, _frame: Any) -> None:
+        log.info("received SIGHUP: a full resync now (the source read again, the kernel checked)")
+        daemon.resync_now()
+
     previous = {}
     for signum in (signal.SIGTERM, signal.SIGINT):
         previous[signum] = signal.signal(signum, handler)
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
     return previous

@@ -877,6 +877,34 @@ def test_daemon_with_directory_source(tmp_path: Path, caplog: pytest.LogCaptureF
     assert "lastError" not in d.health.body(True)[1]
 
 
+def test_sighup_asks_for_a_full_resync_now(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGHUP (a reload, elsewhere) reads the whole source again and syncs, rather than ending
+    the process as the default action would; SIGTERM/SIGINT still stop it."""
+    import os
+    import signal
+
+    from reconciler.daemon import _install_signal_handlers
+
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    d, backend, clock = directory_daemon(tmp_path)
+    d.step()
+    (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))  # (no watcher here)
+    clock.advance(2)
+    assert d.step() is None  # nothing told it
+    stop = threading.Event()
+    previous = _install_signal_handlers(stop, d)
+    try:
+        with caplog.at_level(logging.INFO, logger="reconciler.daemon"):
+            os.kill(os.getpid(), signal.SIGHUP)
+        report = d.step()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    assert report is not None and report.kind == "full" and not stop.is_set()
+    assert list(backend.kernel) == ["default/a:http/TCP", "default/b:http/TCP"]
+    assert "received SIGHUP: a full resync now" in caplog.text
+
+
 def test_run_logs_the_input_errors_in_file_and_line_order(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """As validate lists them (the build reads EndpointSlices before Services)."""
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=70000) + "---\n"
@@ -1425,6 +1453,12 @@ def test_run_missing_directory_exits_1(tmp_path: Path) -> None:
                                  "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"])
     assert code == 1
     assert f"{tmp_path}/nope: no such directory" in out
+    # (started without --cluster-cidr: said, as kube-proxy says it)
+    assert "WARNING no --cluster-cidr (clusterCIDR): traffic to ClusterIPs from outside the pod network" in out
+    code, out = _run_in_process(["run", "--source", str(tmp_path / "nope"), "--node-name", "node-a",
+                                 "--cluster-cidr", "10.244.0.0/16",
+                                 "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"])
+    assert code == 1 and "--cluster-cidr" not in out
 
 
 def test_run_invalid_bind_address_exits_1(tmp_path: Path) -> None:

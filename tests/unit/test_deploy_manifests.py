@@ -457,6 +457,7 @@ def test_systemd_unit():
     assert _value(unit, svc, "Type") == "simple"
     assert _value(unit, svc, "Restart") == "always"
     assert _value(unit, svc, "KillSignal") == "SIGTERM"
+    assert _value(unit, svc, "ExecReload") == "/bin/kill -HUP $MAINPID"  # (run: a full resync now)
     assert _value(unit, svc, "NoNewPrivileges") == "yes"
     assert _value(unit, svc, "ProtectSystem") == "strict"
     assert "/run" in _value(unit, svc, "ReadWritePaths").split()
