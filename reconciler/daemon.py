@@ -383,6 +383,8 @@ class Daemon:
         errors = in_place_order([*skipped, *errors])
         if errors and desired is None:
             self._input_failed([str(e) for e in errors])
+            if self.desired is None and snap.changed:
+                self._health_checks_before_first_sync(errors)
             return
         if self._source_has_deltas and errors:
             bad = sorted({e.location.origin if isinstance(e.location, Location) else str(e.location) for e in errors})
@@ -410,6 +412,22 @@ class Daemon:
         release = getattr(self.source, "release_bodies", None)
         if release is not None:  # the build cache has all it needs from them, but those held back
             release(keep=self._pending.added)  # (see _build_pending)
+
+    def _health_checks_before_first_sync(self, errors: list[InputError]) -> None:
+        """A process restarted on a programmed kernel with errors in its directory leaves the
+        kernel as it is, proxying what the last process programmed: meanwhile the
+        healthCheckNodePorts are served for the Services of the files without errors (refused,
+        a load balancer would take this node out for the services it does serve)."""
+        if self.service_health is None or not self._source_has_deltas:
+            return
+        bad = {e.location.origin for e in errors if isinstance(e.location, Location)}
+        objects = [o for o in self._pending.added.values() if o.location.origin not in bad]
+        try:
+            partial = build_desired_state(objects, self.opts.build_options())
+        except (InputErrors, InputError) as exc:
+            log.debug("no healthCheckNodePorts before the first sync: %s", exc)
+            return
+        self.service_health.sync(partial.healthChecks)
 
     def _build_pending(self, opts: BuildOptions, first_start: Callable[[], bool]
                        ) -> tuple[DesiredState | None, list[InputError]]:

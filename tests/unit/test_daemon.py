@@ -652,6 +652,49 @@ def test_health_check_servers_follow_the_desired_state() -> None:
     assert [(h.service, h.nodePort, h.localEndpoints) for h in servers.calls[-1]] == [("default/lb", 32000, 2)]
 
 
+LB_YAML = """apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.20
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports: [{name: http, port: 80, protocol: TCP, nodePort: 30080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: default, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.244.1.10], nodeName: node-a}]
+"""
+
+
+def test_a_restart_with_errors_on_a_programmed_kernel_serves_the_health_checks_meanwhile(tmp_path: Path) -> None:
+    """The kernel is left as the last process programmed it (its services proxied): their
+    healthCheckNodePorts are served from the files without errors, or a load balancer would
+    take this node out for the services it does serve."""
+    class Servers:
+        def __init__(self) -> None:
+            self.calls: list[Any] = []
+
+        def sync(self, checks: Any) -> list[str]:
+            self.calls.append(tuple(checks))
+            return []
+
+    (tmp_path / "lb.yaml").write_text(LB_YAML)
+    (tmp_path / "bad.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
+    backend = FakeBackend()
+    backend.kernel = {"default/lb:http/TCP": "before"}  # (the last process's)
+    d, backend, clock = directory_daemon(tmp_path, backend)
+    servers = Servers()
+    d.service_health = servers  # type: ignore[assignment]
+    d.step()
+    assert backend.kernel == {"default/lb:http/TCP": "before"} and backend.applies == []
+    assert [(h.service, h.nodePort, h.localEndpoints) for h in servers.calls[-1]] == [("default/lb", 32000, 1)]
+
+
 def test_node_eligibility_from_the_source() -> None:
     d, backend, source, clock = make(web())
     d.step()
