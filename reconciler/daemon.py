@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import heapq
 import json
 import logging
 import math
@@ -52,7 +53,7 @@ from .health import (
     node_eligible, start_metrics_server, start_proxy_health_server,
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
-from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
+from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers, touched_services
 from .sources.manifests import may_hold_a_node
 from .sources.objects import (
     InputConflict, InputError, InputErrors, Location, SourceObject, in_place_order, name_some,
@@ -190,6 +191,8 @@ class SyncReport:
     seconds: float = 0.0
     error: str | None = None
     kernel_read: bool = False  # read to plan (the first sync; a resync the generation could not vouch for)
+    services: tuple[str, ...] = ()  # the first few service ports its operations touched, for the log
+    services_total: int = 0  # ... and how many in all
 
 
 class _PendingChanges:
@@ -638,6 +641,9 @@ class Daemon:
             rules_written = getattr(self.backend, "rules_written", None)
             written = rules_written(planned.own_operations) if rules_written is not None else {}
             counts = planned.count_services(self.backend)  # the numbers, not the description
+            touched = touched_services(planned.own_operations, self.backend, planned.observed_model) \
+                if operations else set()
+            named = tuple(heapq.nsmallest(LOGGED_SERVICES, touched))
             # nothing to do: the kernel equals the desired model; keep that one (the renderer's
             # objects, which the next diff recognises by identity), not a second, observed copy.
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
@@ -660,13 +666,14 @@ class Daemon:
         self.applied_desired = desired
         self._need_full = False
         report = SyncReport(kind, True, operations, drift, counts["+"], counts["~"], counts["-"], seconds,
-                            kernel_read=read)
+                            kernel_read=read, services=named, services_total=len(touched))
         if read:
             self.metrics.kernel_reads.inc()
         elif full:
             self.metrics.kernel_reads_skipped.inc()
         if drift:
-            log.warning("repaired drift: %d operations", drift, extra=_fields(drift_operations=drift))
+            log.warning("repaired drift: %d operations%s", drift, _of(named, len(touched)),
+                        extra=_fields(drift_operations=drift))
             self.metrics.drift_repairs.inc()
             self.metrics.drift_operations.inc(drift)
         rule_counts = getattr(self.backend, "rule_counts", None)
@@ -728,8 +735,9 @@ class Daemon:
             self.service_health.sync(desired.healthChecks)
         held = "; the input has errors (logged above): changes since the last valid input are held back" \
             if self._input.held else ""
-        log.info("sync %s: service ports +%d ~%d -%d, %d operations, %.1fms%s", report.kind, report.added,
-                 report.changed, report.removed, report.operations, report.seconds * 1000, held,
+        log.info("sync %s: service ports +%d ~%d -%d%s, %d operations, %.1fms%s", report.kind, report.added,
+                 report.changed, report.removed, _of(report.services, report.services_total),
+                 report.operations, report.seconds * 1000, held,
                  extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
                                removed=report.removed, operations=report.operations,
                                duration_ms=round(report.seconds * 1000, 1), services=len(desired.services),
@@ -741,6 +749,18 @@ class Daemon:
 
 # ----------------------------------------------------------------------------------------------
 # Entry point
+
+
+LOGGED_SERVICES = 3  # service ports a sync's log line names
+
+
+def _of(services: tuple[str, ...], total: int) -> str:
+    """' (a, b, c and 3 more)': the service ports a sync touched, the first few named, for its log
+    line."""
+    if not services:
+        return ""
+    more = total - len(services)
+    return f" ({', '.join(services)}{f' and {more} more' if more > 0 else ''})"
 
 
 def nodeport_hosts(desired: DesiredState | None) -> list[str]:

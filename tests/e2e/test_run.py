@@ -196,7 +196,7 @@ def test_file_change_reaches_kernel_within_the_coalescing_period(lab: Lab, runni
     put(running.src, {"web-eps": eps("web", ("pod1", "pod2", "pod3"))})
     wait_for(lambda: "10.244.2.10" in web_chain(lab), timeout=5, interval=0.02, what="endpoint re-added")
     assert serving(lab) == {"pod1", "pod2", "pod3"}
-    sync = running.logged(r"^sync incremental: service ports \+0 ~1 -0, \d+ operations")
+    sync = running.logged(r"^sync incremental: service ports \+0 ~1 -0 \(default/web:http/TCP\), \d+ operations")
     assert sync and sync[-1]["sync"] == "incremental" and sync[-1]["changed"] == 1
 
 

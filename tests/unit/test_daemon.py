@@ -443,7 +443,7 @@ def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="reconciler.daemon"):
         d.step()
     assert "repaired drift: 2 operations" in caplog.text
-    assert "sync full: service ports +2 ~0 -0, 2 operations" in caplog.text
+    assert "sync full: service ports +2 ~0 -0 (default/api:http/TCP, default/web:http/TCP), 2 operations" in caplog.text
 
 
 def test_drift_counted_when_input_changed_in_the_same_resync() -> None:
@@ -1136,7 +1136,7 @@ def test_text_log_lines() -> None:
         d, backend, source, clock = make()
         d.step()
     line = next(ln for ln in stream.getvalue().splitlines() if "sync full" in ln)
-    assert " INFO sync full: service ports +1 ~0 -0, 1 operations, " in line
+    assert " INFO sync full: service ports +1 ~0 -0 (default/web:http/TCP), 1 operations, " in line
 
 
 def test_the_files_read_are_logged_by_a_few_names_and_a_count(tmp_path: Path) -> None:
@@ -1724,3 +1724,10 @@ def test_urllib3_retry_warnings_are_not_logged_but_its_errors_are() -> None:
         logging.getLogger("urllib3.connectionpool").warning("Retrying (Retry(total=2)) after connection broken")
         logging.getLogger("urllib3.connectionpool").error("something worse")
     assert "Retrying" not in stream.getvalue() and "something worse" in stream.getvalue()
+
+
+def test_a_sync_log_line_names_the_first_service_ports_it_touched() -> None:
+    from reconciler.daemon import _of
+
+    assert _of(("a/x:http/TCP", "b/y:dns/UDP", "c/z:https/TCP"), 5) == " (a/x:http/TCP, b/y:dns/UDP, c/z:https/TCP and 2 more)"
+    assert _of(("a/x:http/TCP",), 1) == " (a/x:http/TCP)" and _of((), 0) == ""
