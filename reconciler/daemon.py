@@ -592,6 +592,8 @@ class Daemon:
             self._last_full = start
         if self.source is not None and (was_dirty or full or self.desired is None):
             self._refresh_desired()
+            # a wait for git to finish writing the tree is not the sync's work (its duration metric)
+            start += getattr(self.source, "waited_for_git", 0.0)
         if self.desired is None:  # never had valid input: leave the kernel alone
             self.health.updated()
             report = SyncReport(kind, ok=True)

@@ -24,6 +24,7 @@ import functools
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Container, Iterable
 
@@ -149,6 +150,7 @@ class DirectorySource:
         self._thread: threading.Thread | None = None
         self._first = True
         self._linked_dirs: list[InputWarning] = []  # (found by the last walk of the tree)
+        self.waited_for_git = 0.0  # seconds the last snapshot waited for git's index lock
         self._files: set[str] | None = None  # manifest files as of the last snapshot
         self._dirs: set[str] = set()  # the folders those are in (and were in since the last walk)
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
@@ -308,7 +310,9 @@ class DirectorySource:
         """
         # (before taking the changes: those made meanwhile come too; after a wait, the tree is
         # walked: the watcher may still hold back the events of git's last writes)
+        began = time.monotonic()
         waited = self._wait_for_git()
+        self.waited_for_git = time.monotonic() - began if waited is not False else 0.0
         if waited is None:  # stopping while git writes the tree: nothing of it is read
             log.info("stopping while git holds the index lock of %s: its changes are not read", self.root)
             return Snapshot(changed=False, added_objects=[], removed_objects=[])

@@ -1731,3 +1731,16 @@ def test_a_sync_log_line_names_the_first_service_ports_it_touched() -> None:
 
     assert _of(("a/x:http/TCP", "b/y:dns/UDP", "c/z:https/TCP"), 5) == " (a/x:http/TCP, b/y:dns/UDP, c/z:https/TCP and 2 more)"
     assert _of(("a/x:http/TCP",), 1) == " (a/x:http/TCP)" and _of((), 0) == ""
+
+
+def test_a_wait_for_git_is_not_counted_as_sync_time(tmp_path: Path) -> None:
+    """kubeproxy_sync_proxy_rules_duration_seconds times the sync's own work: a slow git command
+    holding the index lock would set off latency alerts."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index.lock").write_text("")  # (held the whole time: read after lock_wait)
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    d = Daemon(Options(node_name="node-a"), FakeBackend(), None)  # (the real clock)
+    d.source = DirectorySource(str(tmp_path), d.notify, lock_wait=0.5)
+    report = d.step()
+    assert report is not None and report.ok and report.operations == 1
+    assert d.source.waited_for_git >= 0.5 and report.seconds < 0.4
