@@ -176,10 +176,36 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
         key = str(level.path(output_format="list")[0])
         removed.setdefault(key, []).append(str(level.t1))
         added.setdefault(key, []).append(str(level.t2))
+    _external_change(old, new, added, removed)
+    if bool(old["sourceRanges"]) != bool(new["sourceRanges"]):  # (none: every source is let in)
+        (removed if new["sourceRanges"] else added).setdefault("sourceRanges", []).append(ANY_SOURCE)
     lines = []
     for key in _NOUNS:
-        for v in sorted(removed.get(key, [])):
-            lines.append(f"- {_NOUNS[key]} {v}")
-        for v in sorted(added.get(key, [])):
-            lines.append(f"+ {_NOUNS[key]} {v}")
+        noun = "external traffic to endpoint" if key == "externalEndpoints" else _NOUNS[key]
+        for v in sorted(removed.get(key, []), key=lambda v: (v != ANY_SOURCE, v)):
+            lines.append(f"- {noun} {v}")
+        for v in sorted(added.get(key, []), key=lambda v: (v == ANY_SOURCE, v)):
+            lines.append(f"+ {noun} {v}")
     return tuple(lines)
+
+
+ANY_SOURCE = "any (no range: every source reaches the load balancer IPs)"
+
+
+def _external_change(old: dict[str, Any], new: dict[str, Any], added: dict[str, list[str]],
+                     removed: dict[str, list[str]]) -> None:
+    """The endpoints external traffic reaches, listed (externalEndpoints) only while they differ
+    from cluster traffic's, change as the endpoints it actually reaches change: those (the
+    listed ones, else the cluster ones) before and after; nothing when that is the cluster
+    traffic's change itself (a policy made Local whose endpoints are all local, hints that move
+    cluster traffic alone)."""
+    added.pop("externalEndpoints", None)
+    removed.pop("externalEndpoints", None)
+    if not old["externalEndpoints"] and not new["externalEndpoints"]:
+        return
+    before = set(old["externalEndpoints"] or old["endpoints"])
+    after = set(new["externalEndpoints"] or new["endpoints"])
+    if (after - before, before - after) == (set(new["endpoints"]) - set(old["endpoints"]),
+                                           set(old["endpoints"]) - set(new["endpoints"])):
+        return
+    added["externalEndpoints"], removed["externalEndpoints"] = sorted(after - before), sorted(before - after)

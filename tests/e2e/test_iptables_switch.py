@@ -365,7 +365,8 @@ def test_the_plan_names_source_ranges_affinity_and_external_endpoints_read_back_
     assert {s["service"]: s["changes"] for s in doc["services"]} == {
         "shop/cart:http/TCP": ["- session affinity ClientIP 600s", "+ session affinity ClientIP 900s"],
         "shop/frontend:https/TCP": ["- source range 198.51.100.0/24", "+ source range 10.0.0.0/8"],
-        "default/web:http/TCP": ["+ external traffic only to endpoint 10.244.1.5:8080"],
+        "default/web:http/TCP": ["- external traffic to endpoint 10.244.2.7:8080",
+                                 "- external traffic to endpoint 10.244.3.4:8080"],
     }
 
 

@@ -827,6 +827,35 @@ def test_a_plan_names_the_source_ranges_and_the_affinity_that_change(mode):
 
 
 @pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_plan_lists_external_traffic_only_where_it_changes_and_an_opened_source_range(mode):
+    """internalTrafficPolicy: Local changes where cluster traffic goes, not external traffic:
+    no external lines; removing every source range lets every source in, which the plan says
+    (the ranges' own '-' lines read as a tighter rule)."""
+    import copy
+
+    from reconciler.plan import service_changes
+
+    objects = load_directory(STATE_DIR).objects
+    changed = copy.deepcopy(objects)
+    for obj in changed:
+        if obj.kind == "Service" and obj.name == "web":
+            obj.body["spec"]["internalTrafficPolicy"] = "Local"
+        if obj.kind == "Service" and obj.name == "frontend":
+            del obj.body["spec"]["loadBalancerSourceRanges"]
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    views = [backend.service_view(backend.render(build_desired_state(objs, OPTS))) for objs in (objects, changed)]
+    changes = {c.service: c.details for c in service_changes(*views)}
+    assert changes == {
+        "default/web:http/TCP": ("- endpoint 10.244.2.7:8080", "- endpoint 10.244.3.4:8080"),
+        "shop/frontend:https/TCP": ("- source range 172.30.0.0/24", "- source range 198.51.100.0/24",
+                                    "- source range fd00:30::/64",
+                                    "+ source range any (no range: every source reaches the load balancer IPs)"),
+    }
+    back = {c.service: c.details for c in service_changes(*reversed(views))}
+    assert back["shop/frontend:https/TCP"][0].startswith("- source range any")
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
 def test_a_plan_names_the_endpoints_external_traffic_reaches(mode):
     """externalTrafficPolicy: Local sends traffic to a service port's external addresses
     (nodePort, externalIPs, LB IPs) to this node's endpoints alone: its view lists them beside
@@ -857,9 +886,9 @@ def test_a_plan_names_the_endpoints_external_traffic_reaches(mode):
     web = "default/web:http/TCP"
     assert backend.service_view(after, {web}) == {web: views[1][web]}
     plan = Plan(mode, "node-a", service_changes(*views), backend.diff(after, before))
-    assert [(s.service, s.action, s.details) for s in plan.services] == [
-        (web, "~", ("+ external traffic only to endpoint 10.244.1.5:8080",))]
-    assert "      + external traffic only to endpoint 10.244.1.5:8080" in plan.to_text().splitlines()
+    assert [(s.service, s.action, s.details) for s in plan.services] == [  # (where it goes no more)
+        (web, "~", ("- external traffic to endpoint 10.244.2.7:8080", "- external traffic to endpoint 10.244.3.4:8080"))]
+    assert "      - external traffic to endpoint 10.244.3.4:8080" in plan.to_text().splitlines()
     added = Plan(mode, "node-a", service_changes({}, views[0]), backend.diff(before, type(before)()))
     assert "+ external traffic only to endpoint [fd00:244:1::20]:8443" in added.to_dict()["services"][-1]["changes"]
     with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
