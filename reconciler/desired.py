@@ -402,12 +402,16 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         errors.append(exc)
 
     timeout = None
+    from_api = obj.location.origin.startswith(_API_ORIGIN)  # (never holds what the API server refuses)
     try:
         if r.enum(("spec", "sessionAffinity"), ("None", "ClientIP"), "None") == "ClientIP":
             tpath: Path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
             timeout = r.typed(tpath, int, DEFAULT_AFFINITY_TIMEOUT)
             if not 0 < timeout <= 86400:
                 raise r.error(tpath, f"must be 1-86400, got {timeout}")
+        elif r.get(("spec", "sessionAffinityConfig")) is not None and not from_api:
+            r.warn(("spec", "sessionAffinityConfig"), "set while sessionAffinity is None: ignored (the API server "
+                   "refuses it)")
     except InputError as exc:
         errors.append(exc)
     etp = r.get(("spec", "externalTrafficPolicy"), "Cluster")
@@ -422,6 +426,9 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         errors.append(exc)
     try:
         hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
+        if hcnp is not None and not (svc_type == "LoadBalancer" and etp == "Local") and not from_api:
+            r.warn(("spec", "healthCheckNodePort"), "set but not served: only a LoadBalancer with "
+                   "externalTrafficPolicy Local has one (the API server refuses it otherwise)")
     except InputError as exc:
         errors.append(exc)
 

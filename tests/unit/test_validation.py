@@ -397,6 +397,8 @@ def test_a_field_the_api_type_does_not_have_is_warned_at_its_place_and_ignored(t
         f"sessionAffinity?); {tail}",
         f"svc.yaml:10:38: spec.sessionAffinityConfig.clientIP.timeoutSecond: unknown field of ClientIPConfig, "
         f"ignored (did you mean timeoutSeconds?); {tail}",
+        "svc.yaml:10:3: spec.sessionAffinityConfig: set while sessionAffinity is None: ignored (the API server "
+        "refuses it)",  # (sessionAfinity misspelt)
         f"svc.yaml:12:63: status.loadBalancer.ingress[0].ports[0].protocl: unknown field of PortStatus, ignored "
         f"(did you mean protocol?); {tail}",
         f"svc.yaml:21:34: ports[0].appProtocl: unknown field of EndpointPort, ignored (did you mean "
@@ -439,3 +441,17 @@ def test_a_service_without_a_cluster_ip_is_checked_before_it_is_skipped(tmp_path
     state = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
     assert state.services == ()
     assert any("svc.yaml:6:1: Service default/web has no clusterIP; skipped" in w for w in state.warnings)
+
+
+def test_what_the_api_server_refuses_but_changes_nothing_here_is_warned_about(tmp_path):
+    """sessionAffinityConfig without ClientIP affinity, a healthCheckNodePort on anything but a
+    LoadBalancer with externalTrafficPolicy Local: never stored by the API server, ignored here."""
+    (tmp_path / "svc.yaml").write_text(BASE.format(ip="10.96.0.1", port=80, proto="TCP").replace(
+        "  clusterIP:", "  healthCheckNodePort: 32000\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}\n"
+                        "  clusterIP:"))
+    desired = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
+    assert [w.split(": ", 2)[1:] for w in desired.warnings] == [
+        ["spec.healthCheckNodePort", "set but not served: only a LoadBalancer with externalTrafficPolicy Local has one "
+                                     "(the API server refuses it otherwise)"],
+        ["spec.sessionAffinityConfig", "set while sessionAffinity is None: ignored (the API server refuses it)"]]
+    assert desired.healthChecks == () and desired.services[0].affinityTimeoutSeconds is None
