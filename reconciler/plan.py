@@ -21,7 +21,30 @@ class ServiceChange:
     details: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"service": self.service, "action": self.action, "changes": list(self.details)}
+        return {"service": self.service, "action": self.action, "changes": list(self.details),
+                "items": [_item(line) for line in self.details]}
+
+
+_ITEM_KINDS = (("external traffic only to endpoint", "externalEndpoint"),
+               ("external traffic to endpoint", "externalEndpoint"), ("address", "address"), ("endpoint", "endpoint"),
+               ("source range", "sourceRange"), ("session affinity", "affinity"))
+
+
+def _item(line: str) -> dict[str, str]:
+    """A change line as data (-o json): {action, kind, value[, verdict]}, e.g. "+ address
+    172.30.1.10:443/tcp (drop)" -> {"action": "+", "kind": "address", "value": "172.30.1.10:443/tcp",
+    "verdict": "drop"}; "~ its rules ..." -> {"action": "~", "kind": "rules"}."""
+    sign, _, rest = line.partition(" ")
+    for noun, kind in _ITEM_KINDS:
+        if rest.startswith(noun + " "):
+            value = rest[len(noun) + 1:]
+            item = {"action": sign, "kind": kind}
+            if kind == "address" and value.endswith(")"):
+                value, _, verdict = value[:-1].partition(" (")
+                item["verdict"] = verdict
+            item["value"] = "any" if kind == "sourceRange" and value == ANY_SOURCE else value
+            return item
+    return {"action": sign, "kind": "rules"}
 
 
 @dataclass
@@ -39,8 +62,12 @@ class Plan:
     def empty(self) -> bool:
         return not self.operations
 
+    def counts(self) -> dict[str, int]:
+        """Service ports to add, change and remove ("+", "~", "-")."""
+        return {a: sum(1 for s in self.services if s.action == a) for a in "+~-"}
+
     def summary(self) -> str:
-        counts = {a: sum(1 for s in self.services if s.action == a) for a in "+~-"}
+        counts = self.counts()
         if self.empty:
             return "No changes. The kernel matches the desired state."
         ports = "service port" if counts["+"] == 1 else "service ports"
@@ -55,6 +82,7 @@ class Plan:
             "services": [s.to_dict() for s in self.services],
             "operations": [o.to_dict() for o in self.operations],
             "summary": self.summary(),
+            "counts": dict(zip(("add", "change", "remove"), self.counts().values()), operations=len(self.operations)),
             **({"otherMode": {"mode": self.other_mode, "operations": self.other_mode_operations}}
                if self.other_mode_operations else {}),
             **({"verifiedBy": self.verified_by} if self.verified_by else {}),

@@ -965,3 +965,39 @@ def test_a_plan_names_a_change_that_only_takes_rules_out_of_a_shared_chain(mode,
     undescribed = make_plan(backend, build_desired_state(changed, OPTS), observed_model=before, other_mode=False,
                             describe=False)
     assert sum(undescribed.count_services(backend).values()) == len(planned.plan.services)
+
+
+def test_the_json_plan_has_each_change_as_data_and_the_counts():
+    """-o json: beside each change line, the same as {action, kind, value[, verdict]}, and the
+    summary's numbers, so that a machine need not parse the text."""
+    import json
+    import os
+
+    import jsonschema
+    from helpers import REPO
+
+    from reconciler.plan import Plan, ServiceChange
+
+    plan = Plan("nftables", "node-a", [
+        ServiceChange("shop/frontend:https/TCP", "~", (
+            "- address 172.30.1.10:443/tcp", "+ address 172.30.1.10:443/tcp (drop)", "+ endpoint 10.244.1.5:8080",
+            "- external traffic to endpoint 10.244.2.7:8080", "- source range 10.0.0.0/8",
+            "+ source range any (no range: every source reaches the load balancer IPs)",
+            "+ session affinity ClientIP 600s")),
+        ServiceChange("default/web:http/TCP", "~", ("~ its rules (traffic policy, masquerading...): see its kernel "
+                                                    "operations",)),
+        ServiceChange("default/new:http/TCP", "+", ("+ external traffic only to endpoint [fd00::5]:80",))])
+    doc = plan.to_dict()
+    with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
+        jsonschema.validate(json.loads(json.dumps(doc)), json.load(fh))
+    assert doc["services"][0]["items"] == [
+        {"action": "-", "kind": "address", "value": "172.30.1.10:443/tcp"},
+        {"action": "+", "kind": "address", "value": "172.30.1.10:443/tcp", "verdict": "drop"},
+        {"action": "+", "kind": "endpoint", "value": "10.244.1.5:8080"},
+        {"action": "-", "kind": "externalEndpoint", "value": "10.244.2.7:8080"},
+        {"action": "-", "kind": "sourceRange", "value": "10.0.0.0/8"},
+        {"action": "+", "kind": "sourceRange", "value": "any"},
+        {"action": "+", "kind": "affinity", "value": "ClientIP 600s"}]
+    assert doc["services"][1]["items"] == [{"action": "~", "kind": "rules"}]
+    assert doc["services"][2]["items"] == [{"action": "+", "kind": "externalEndpoint", "value": "[fd00::5]:80"}]
+    assert doc["counts"] == {"add": 1, "change": 2, "remove": 0, "operations": 0}
