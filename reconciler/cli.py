@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from . import __version__, gcpolicy
+from . import __version__, gcpolicy, instance_lock
 from .backends import get_backend
 from .backends.base import KernelError
 from .config import (
@@ -320,6 +320,9 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
     if args.command == "observe":
         _dump(backend.model_to_dict(backend.observe()), args.output)
         return EXIT_OK
+    if args.command in ("apply", "cleanup") and (pid := instance_lock.holder()) is not None:
+        log.warning("a `reconciler run`%s programs this network namespace: it puts back what its own source "
+                    "wants at its next resync", f" (pid {pid})" if pid else "")
     if args.command == "cleanup":
         modes = [args.mode] if args.mode else list(MODES)
         for mode in modes:

@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from . import conntrack, conntrack_sysctls, gcpolicy
+from . import conntrack, conntrack_sysctls, gcpolicy, instance_lock
 from .backends.base import KernelError
 from .config import Options
 from .config_watch import ConfigFileWatch
@@ -813,7 +813,9 @@ def run(args: argparse.Namespace, opts: Options) -> int:
 
     # (made now, holding the file's content as read moments ago: an edit from here on counts)
     config_watch = ConfigFileWatch(args.config, exit_for_new_config) if getattr(args, "config", None) else None
+    instance = None
     try:
+        instance = instance_lock.acquire()  # (before anything listens or programs)
         if args.source == "kubernetes":  # (its API client first: the Events of the listeners below)
             source = KubeSource(opts.kubeconfig, opts.node_name, daemon.notify)
             recorder = start_events(api_sender(source.client), opts.node_name, daemon.service_health, listeners[0])
@@ -838,10 +840,11 @@ def run(args: argparse.Namespace, opts: Options) -> int:
         daemon.run_forever(stop)
         log.info("stopping; kernel state left in place")
         return 1 if config_changed.is_set() else 0
-    except (InputError, ValueError) as exc:
+    except (InputError, ValueError, instance_lock.AlreadyRunning) as exc:
         log.error("%s", exc)
         return 1
     finally:
+        instance_lock.release(instance)
         if config_watch is not None:
             config_watch.stop()
         if source is not None:

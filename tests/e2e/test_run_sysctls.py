@@ -66,8 +66,8 @@ def run_until_first_sync(ns: str, tmp_path: Path, flags: list[str], setup: str =
     (state / "web.yaml").write_text(SERVICE)
     log_path = tmp_path / f"run{len(list(tmp_path.glob('run*.log')))}.log"
     argv = [sys.executable, "-m", "reconciler", "run", "--source", str(state), "--node-name", "node-a",
-            "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", "127.0.0.1:10249",
-            "--log-format", "json", *flags]
+            "--cluster-cidr", "10.244.0.0/16", "--healthz-bind-address", "127.0.0.1:10256",
+            "--metrics-bind-address", "127.0.0.1:10249", "--log-format", "json", *flags]
     script = f'{setup + " && " if setup else ""}exec "$@"'
     with open(log_path, "w") as log_file:
         proc = subprocess.Popen(["ip", "netns", "exec", ns, "unshare", "-m", "sh", "-c", script, "sh", *argv],

@@ -160,3 +160,26 @@ def test_a_source_without_any_object_is_warned_about(tmp_path: Path, caplog: pyt
     (tmp_path / "web.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n"
                                        "  clusterIP: 10.96.0.5\n  ports: [{port: 80}]\n")
     assert main(args) == 0 and "no Service" not in caplog.text
+
+
+def test_apply_and_cleanup_say_that_a_running_run_will_put_its_state_back(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    import reconciler.cli as cli
+    from reconciler import instance_lock
+
+    class Empty:  # (never this host's kernel)
+        def cleanup(self, look_first: bool = False) -> list:
+            return []
+
+        def apply(self, ops: list) -> list:
+            return []
+
+    monkeypatch.setattr(cli, "get_backend", lambda mode: Empty())
+    monkeypatch.setattr(instance_lock, "holder", lambda lock_dir=None: "4242")
+    assert main(["cleanup", "--mode", "nftables"]) == 0
+    assert "a `reconciler run` (pid 4242) programs this network namespace: it puts back what its own source " \
+           "wants at its next resync" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(instance_lock, "holder", lambda lock_dir=None: None)
+    assert main(["cleanup", "--mode", "nftables"]) == 0 and "reconciler run" not in caplog.text
+    assert "cleanup (nftables): nothing of ours to remove" in capsys.readouterr().out

@@ -1744,3 +1744,41 @@ def test_a_wait_for_git_is_not_counted_as_sync_time(tmp_path: Path) -> None:
     report = d.step()
     assert report is not None and report.ok and report.operations == 1
     assert d.source.waited_for_git >= 0.5 and report.seconds < 0.4
+
+
+def test_a_second_run_in_the_same_network_namespace_exits_naming_the_first(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two would undo each other's syncs at every resync; apply and cleanup are told that a run
+    will put its own state back."""
+    import subprocess
+    import sys
+
+    import reconciler.backends as backends_mod
+    from reconciler import instance_lock
+
+    monkeypatch.setattr(backends_mod, "get_backend", lambda mode: FakeBackend())  # (never this host's kernel)
+    monkeypatch.setattr(instance_lock, "LOCK_DIR", str(tmp_path))
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    assert instance_lock.holder(str(tmp_path)) is None
+    # the first: another process holding the lock (as a running `reconciler run` does)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[2]); "
+                               "from reconciler import instance_lock; f = instance_lock.acquire(sys.argv[1]); "
+                               "print('held', flush=True); time.sleep(30)", str(tmp_path), str(Path(__file__).parents[2])],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert instance_lock.holder(str(tmp_path)) == str(holder.pid)
+        code, out = _run_in_process(["run", "--source", str(tmp_path / "state"), "--node-name", "node-a",
+                                     "--cluster-cidr", "10.244.0.0/16",
+                                     "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"])
+        assert code == 1
+        assert f"another `reconciler run` (pid {holder.pid}) already programs this network namespace" in out
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert instance_lock.holder(str(tmp_path)) is None  # (its lock went with it)
+    lock = instance_lock.acquire(str(tmp_path))  # (free again)
+    assert lock is not None and instance_lock.holder(str(tmp_path)) == str(os.getpid())
+    instance_lock.release(lock)
+    assert list(tmp_path.glob("*.lock")) == []  # (no file left per namespace)
