@@ -999,6 +999,7 @@ class BuildCache:
             exc.warnings = sorted(w for _, ws in parsed.values() for w in ws)
             raise
 
+        lost_node = self.node_obj is not None and node_obj is None and opts == self.options
         self.options, self.node_obj, self.node, self.node_names = opts, node_obj, node, node_names
         if objects is not None:
             self.objects = objects
@@ -1040,6 +1041,10 @@ class BuildCache:
         nodeport_cidrs = opts.nodeport_cidrs
         if node_obj is None and node_names:
             warnings.append(_node_missing(opts.node_name, node_names.values()))
+        elif lost_node:  # (said once, when it goes: a directory need not hold it)
+            warnings.append(InputWarning(None, f'Node "{opts.node_name}" is no longer in the input: this node\'s '
+                                               'zone, labels and IPs are unknown from now on (topology, '
+                                               'nodePortAddresses [primary])'))
         if nodeport_cidrs == (NODEPORT_PRIMARY,):
             nodeport_cidrs = _primary_cidrs(node, warnings)
         nodeport = _split_cidrs(nodeport_cidrs) if nodeport_cidrs is not None else None

@@ -1013,6 +1013,23 @@ def test_a_warning_is_logged_once_while_it_holds_and_again_when_it_changes(
     ]
 
 
+def test_this_nodes_node_going_from_the_input_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A directory need not hold the Node; one that did and no longer does changes this node's
+    zone and IPs (topology, nodePortAddresses [primary]) without any other sign."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    (tmp_path / "node.yaml").write_text(NODE_A)
+    d, backend, clock = directory_daemon(tmp_path)
+    d.step()
+    with caplog.at_level(logging.WARNING, logger="reconciler"):
+        (tmp_path / "node.yaml").unlink()
+        next_sync(d, clock)
+        clock.advance(SYNC)
+        d.step()  # (a full resync: not said again)
+    said = [r.getMessage() for r in caplog.records if "Node" in r.getMessage()]
+    assert said == ['Node "node-a" is no longer in the input: this node\'s zone, labels and IPs are unknown from now on '
+                    '(topology, nodePortAddresses [primary])']
+
+
 def test_first_start_on_a_kernel_without_our_objects_programs_the_readable_files(tmp_path: Path) -> None:
     (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
