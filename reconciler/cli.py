@@ -230,8 +230,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(message)s", stream=sys.stderr)
     as_json = getattr(args, "output", None) == "json" and args.command != "observe"
-    # the warnings, for --strict and for a JSON document of the input's errors (the --config file's too)
-    warned = _Warnings.attach() if as_json or getattr(args, "strict", False) else None
+    # the warnings, for --strict, validate's count and a JSON document of the input's errors (the
+    # --config file's too)
+    warned = _Warnings.attach() if as_json or args.command == "validate" else None
     try:
         return _dispatch(args, warned)
     except (InputErrors, InputError) as exc:
@@ -241,7 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         changes = args.command in ("apply", "run")  # (the others never change the kernel)
-        print(f"{len(errors)} error(s)" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
+        counted = f", {len(warned.items)} warning(s)" if warned is not None and warned.items else ""
+        print(f"{len(errors)} error(s){counted}" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
         if as_json and warned is not None:
             print(json.dumps(diagnostics(args.source, errors, warned.items), indent=2))
         return EXIT_ERROR
@@ -312,7 +314,8 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
             print(f"{args.source}: {len(warned.items)} warning(s), which --strict makes errors", file=sys.stderr)
             return EXIT_ERROR
         if args.output == "text":
-            print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'})")
+            counted = f", {len(warned.items)} warning(s)" if warned is not None and warned.items else ""
+            print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'}{counted})")
         return EXIT_OK
     if args.command == "render":
         _dump(load_desired(args.source, opts).to_dict(), args.output)

@@ -18,6 +18,10 @@ def test_an_input_error_of_a_command_that_never_changes_the_kernel_does_not_say_
     assert main(["validate", "--source", str(tmp_path), "--node-name", "node-a"]) == 1
     err = capsys.readouterr().err
     assert "bad.yaml:6:3: spec.ports: expected list" in err and err.rstrip().endswith("\n1 error(s)")
+    (tmp_path / "api.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: api}\nspec:\n"
+                                       "  clusterIP: 10.96.0.6\n  ports: [{port: 80}]\n  sessionAfinity: ClientIP\n")
+    assert main(["validate", "--source", str(tmp_path), "--node-name", "node-a"]) == 1
+    assert capsys.readouterr().err.rstrip().endswith("\n1 error(s), 1 warning(s)")  # (the warnings counted too)
 
 
 def test_yaml_output_keeps_a_long_rule_on_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -34,7 +38,7 @@ def test_validate_strict_fails_on_any_warning_and_prints_it(tmp_path: Path, caps
     args = ["validate", "--source", str(tmp_path), "--node-name", "node-a"]
     warning = "web.yaml:7:3: spec.sessionAfinity: unknown field of ServiceSpec"
     assert main(args) == 0  # (a warning alone: valid)
-    assert warning in caplog.text and capsys.readouterr().out == f"{tmp_path}: valid (1 service port)\n"
+    assert warning in caplog.text and capsys.readouterr().out == f"{tmp_path}: valid (1 service port, 1 warning(s))\n"
     caplog.clear()
     assert main([*args, "--strict"]) == 1
     assert warning in caplog.text  # (printed all the same)
