@@ -49,7 +49,7 @@ def view_entry(sets: dict[str, set[str]]) -> dict[str, list[str]]:
     An address that also has a verdict ("X (drop)", "X (reject)": new traffic to it is refused
     before any DNAT) is listed with its verdict alone: "X" beside "X (drop)" read as a
     contradiction."""
-    addresses = sets["addresses"]
+    addresses = _nodeports_by_family(sets["addresses"])
     refused = {a.split(" (", 1)[0] for a in addresses if a.endswith(")")}
     view = {"addresses": sorted(a for a in addresses if a not in refused), "endpoints": sorted(sets["endpoints"])}
     external = sets.get("external")
@@ -61,6 +61,38 @@ def view_entry(sets: dict[str, set[str]]) -> dict[str, list[str]]:
     if sets["affinity"]:
         view["affinity"] = sorted(sets["affinity"])
     return view
+
+
+def nodeport_address(addr: str, family: str) -> str:
+    """An address for view_sets(): a nodePort one (no IP to tell its family by) with its family
+    ("ipv4", "ipv6"), for view_entry to tell the families apart where their verdicts differ."""
+    return f"{family}|{addr}" if addr.startswith("nodePort ") else addr
+
+
+def _nodeports_by_family(addresses: set[str]) -> set[str]:
+    """The nodePort addresses of nodeport_address() as one, "nodePort 30080/tcp[ (verdict)]", when
+    every family has the same verdict; else one per family ("IPv4 nodePort 30080/tcp (drop)",
+    "IPv6 nodePort 30080/tcp"): a dual-stack port dropped in one family (externalTrafficPolicy
+    Local, no local endpoint of that family) still works in the other."""
+    out: set[str] = set()
+    verdicts: dict[str, dict[str, str]] = {}  # "nodePort 30080/tcp" -> family -> verdict ("": none)
+    for a in addresses:
+        family, tagged, addr = a.partition("|")
+        if not tagged:
+            out.add(a)
+            continue
+        port, _, verdict = addr.partition(" (")
+        known = verdicts.setdefault(port, {})
+        known[family] = known.get(family) or verdict.rstrip(")")  # (a verdict wins over none)
+    for port, by_family in verdicts.items():
+        if len(set(by_family.values())) == 1:
+            verdict = next(iter(by_family.values()))
+            out.add(f"{port} ({verdict})" if verdict else port)
+            continue
+        for family, verdict in by_family.items():
+            label = f"IP{family[2:]} {port}"  # ipv4 -> IPv4
+            out.add(f"{label} ({verdict})" if verdict else label)
+    return out
 
 
 def _other_endpoints(external: set[str], cluster: set[str]) -> bool:

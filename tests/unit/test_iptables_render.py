@@ -1001,3 +1001,29 @@ def test_the_json_plan_has_each_change_as_data_and_the_counts():
     assert doc["services"][1]["items"] == [{"action": "~", "kind": "rules"}]
     assert doc["services"][2]["items"] == [{"action": "+", "kind": "externalEndpoint", "value": "[fd00::5]:80"}]
     assert doc["counts"] == {"add": 1, "change": 2, "remove": 0, "operations": 0}
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_dual_stack_nodeport_dropped_in_one_family_is_listed_per_family(mode):
+    """externalTrafficPolicy Local with this node's endpoints in one family only: its NodePort
+    drops in the other; the view says which (one '(drop)' entry hid that the other works)."""
+    def nodeport(name: str, ip: str, port: int, **spec: object) -> object:
+        return service(name, ip, [{**HTTP[0], "nodePort": port}], type="NodePort", **spec)
+
+    objs = [
+        nodeport("dual", "10.96.0.5", 30005, externalTrafficPolicy="Local", clusterIPs=["10.96.0.5", "fd00:96::5"],
+                 ipFamilies=["IPv4", "IPv6"], ipFamilyPolicy="RequireDualStack"),
+        endpoint_slice("dual", [endpoint("10.244.2.5", node="node-b")]),  # (IPv4: none on this node)
+        endpoint_slice("dual", [endpoint("fd00:244:1::5")], family="IPv6"),
+        nodeport("both", "10.96.0.6", 30006, clusterIPs=["10.96.0.6", "fd00:96::6"], ipFamilies=["IPv4", "IPv6"],
+                 ipFamilyPolicy="RequireDualStack"),
+        endpoint_slice("both", [endpoint("10.244.1.6")]),
+        endpoint_slice("both", [endpoint("fd00:244:1::6")], family="IPv6"),
+    ]
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    view = backend.service_view(backend.render(build(objs)))
+    nodeports = {sid: [a for a in v["addresses"] if "nodePort" in a] for sid, v in view.items()}
+    assert nodeports == {
+        "default/dual:http/TCP": ["IPv4 nodePort 30005/tcp (drop)", "IPv6 nodePort 30005/tcp"],
+        "default/both:http/TCP": ["nodePort 30006/tcp"],  # (the same in both families: one entry)
+    }

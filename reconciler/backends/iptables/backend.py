@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import KernelError, Operation, view_entry, view_sets
+from ..base import KernelError, Operation, nodeport_address, view_entry, view_sets
 from ..generation import commits_between, generation
 from . import kernel
 from .diff import diff, restore_lines, rule_owner, script, services_of_rewritten_chains
@@ -105,8 +105,8 @@ class IptablesBackend:
                     self.last_restore_seconds[cmd] = kernel.restore(cmd, self.flavour, lines)
                 except KernelError as exc:
                     if self.last_restore_seconds:  # (each family's restore commits on its own)
-                        raise KernelError(f"{exc}\n(before it, the {' and '.join(self.last_restore_seconds)} restore was applied in full)"
-                                          ) from None
+                        done = " and ".join(self.last_restore_seconds)
+                        raise KernelError(f"{exc}\n(before it, the {done} restore was applied in full)") from None
                     raise
                 if self.flavour == "nft":
                     ours = commits_between(before, generation() if before is not None else None, expected)
@@ -213,7 +213,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
     def entry(sid: str) -> dict[str, set[str]]:
         return view.setdefault(sid, view_sets())
 
-    for tables in model.families.values():
+    for family, tables in model.families.items():
         nat, filt = tables.get("nat", TableState()), tables.get("filter", TableState())
         for name in (SERVICES, NODEPORTS):
             for r in nat.chains.get(name, ()):
@@ -221,13 +221,13 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                     continue
                 sid, addr = rule_owner(r), _addr(r.args)
                 if sid and addr and (only is None or sid in only):
-                    entry(sid)["addresses"].add(addr)
+                    entry(sid)["addresses"].add(nodeport_address(addr, family))
         for r in (*filt.chains.get(ENDPOINTS_CHECK, ()), *filt.chains.get(EXTERNAL_CHECK, ())):
             if only is not None and only.isdisjoint(r.args):
                 continue
             sid, addr = rule_owner(r), _addr(r.args)
             if sid and addr and r.target in ("REJECT", "DROP") and (only is None or sid in only):
-                entry(sid)["addresses"].add(f"{addr} ({r.target.lower()})")
+                entry(sid)["addresses"].add(nodeport_address(f"{addr} ({r.target.lower()})", family))
         for name, rules in _service_chains(nat.chains, only):
             # EXT: external traffic (see render), but for its ETP Local short-circuit rules (-s, or a
             # LOCAL source): traffic of this node's pods and of the node itself, not listed

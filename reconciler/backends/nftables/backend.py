@@ -7,7 +7,7 @@ import re
 from typing import Any, Callable
 
 from ...state import DesiredState
-from ..base import KernelError, Operation, view_entry, view_sets
+from ..base import KernelError, Operation, nodeport_address, view_entry, view_sets
 from ..generation import generation
 from . import kernel
 from .diff import diff, owner, script, services_of_deleted_tables
@@ -161,7 +161,7 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
                     addr += " (reject)"
                 elif value == "drop":
                     addr += " (drop)"
-                entry(comment)["addresses"].add(addr)
+                entry(comment)["addresses"].add(nodeport_address(addr, "ipv6" if table.family == "ip6" else "ipv4"))
         for name, chain in _owned_chains(table.chains, only):
             if name.startswith("ep-"):  # (read through the rules that go to it)
                 continue
