@@ -88,7 +88,8 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
             fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner))
     # a rule that jumps to one of ours but is not one of our jumps (in another chain, or without our
     # comment) is somebody else's: left alone, and the chain it jumps to is emptied, not deleted
-    referenced = {r.target: r.without_counters() for r in (*have.foreign, *have.jumps) if not is_our_jump(r)}
+    others = (*have.foreign, *(r for r in have.jumps if not is_our_jump(r)))  # (foreign: whatever their comment)
+    referenced = {r.target: r.without_counters() for r in others}
     for name in sorted(set(have.chains) - set(want.chains)):
         old = have.chains[name]
         svc = chain_owner(name, old)
@@ -119,7 +120,8 @@ def services_of_rewritten_chains(observed: IptablesModel, ops: list[Operation]) 
     """The service ports whose rules go with a chain rewritten whole (a short shared chain, e.g.
     SERVICES, flushed and filled again) without a rule of theirs among those written back: the
     flush names no service port, so these are read from the chain as `observed` holds it."""
-    rewritten = {op.name for op in ops if op.kind == "chain" and op.action == "~"}
+    # (a service port's own chain rewritten is named by its operations: only shared ones count)
+    rewritten = {op.name for op in ops if op.kind == "chain" and op.action == "~" and op.service is None}
     if not rewritten:
         return set()
     written: dict[str, set[str]] = {}

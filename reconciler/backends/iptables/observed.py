@@ -97,9 +97,10 @@ class SavedChains(Mapping[str, tuple[Rule, ...]]):
 
 def read_our_tables(lines: Iterable[str]) -> dict[str, TableState]:
     """Our chains and jumps in each of TABLES from the lines of a save of all tables, as they are
-    read. The save's structure (tables, chain declarations, COMMIT) and the jumps in built-in
-    chains go through parse_save; the rules of our own chains are split here and kept canonical;
-    other tables' lines, and other chains' rules, are passed over unparsed."""
+    read. The save's structure (tables, chain declarations, COMMIT) and the rules of other chains
+    that name one of ours (our jumps in built-in chains; rules of others jumping to ours: foreign)
+    go through parse_save; the rules of our own chains are split here and kept canonical; other
+    tables' lines, and other chains' rules naming none of ours, are passed over unparsed."""
     ours: dict[tuple[str, str], list[str]] = {}
     rs = parse_save(_keep_ours(lines, ours))
     out: dict[str, TableState] = {}
@@ -125,8 +126,8 @@ def read_our_tables(lines: Iterable[str]) -> dict[str, TableState]:
 
 
 def _keep_ours(lines: Iterable[str], ours: dict[tuple[str, str], list[str]]) -> Iterator[str]:
-    """The lines for parse_save: those of other tables, other chains' rules and rules in built-in
-    chains that cannot jump to ours blanked, unsplit (line numbers stay right); the rules of our
+    """The lines for parse_save: those of other tables, and the rules of other chains (built-in or
+    not) that name none of our chains, blanked, unsplit (line numbers stay right); the rules of our
     declared chains go, canonical, into ours[table, chain] instead. A rule for an undeclared chain
     goes to parse_save, which reports it."""
     table: str | None = ""  # "": outside any table, None: in one of the others
