@@ -53,7 +53,7 @@ from .health import (
     node_eligible, start_metrics_server, start_proxy_health_server,
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
-from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers, touched_services
+from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.manifests import may_hold_a_node
 from .sources.objects import (
     InputConflict, InputError, InputErrors, Location, SourceObject, in_place_order, name_some,
@@ -241,6 +241,7 @@ class Daemon:
         self._wake = threading.Event()
         self._dirty = True  # the first sync reads the source
         self._need_full = True
+        self._hup = False  # SIGHUP: see resync_now()
         # syncs are paced as kube-proxy's BoundedFrequencyRunner paces them: the next starts no
         # sooner than min_sync_period after the last one ended
         self._last_end = -math.inf
@@ -277,10 +278,9 @@ class Daemon:
 
     def resync_now(self) -> None:
         """A full resync as soon as min-sync-period allows (SIGHUP): the whole source read again,
-        the kernel checked as at the periodic resync."""
-        with self._lock:
-            self._dirty = True
-        self._need_full = True
+        the kernel checked as at the periodic resync. Only sets flags (it runs in a signal
+        handler, which may interrupt this very thread while it holds self._lock)."""
+        self._hup = True
         self._wake.set()
 
     def node_eligible(self) -> bool:
@@ -300,10 +300,10 @@ class Daemon:
         if self.source is not None and not self.source.ready():
             return None, 1.0  # no sync with a half-listed cache; notify() wakes us when synced
         with self._lock:
-            dirty = self._dirty
+            dirty = self._dirty or self._hup
         earliest = max(now, self._last_end + self.opts.min_sync_period)
         full_at = max(self._last_full + self.opts.sync_period, earliest)
-        full = self._need_full or self.applied_model is None or now >= full_at
+        full = self._need_full or self._hup or self.applied_model is None or now >= full_at
         if dirty:
             if now >= earliest:
                 return ("full" if full else "incremental"), 0.0
@@ -364,7 +364,8 @@ class Daemon:
             log.exception("reading the source failed")
             self._input_failed([f"source: {exc}"])
             return
-        if not snap.changed and self.desired is not None and not self._input.errors:
+        if getattr(snap, "stopped", False) or (not snap.changed and self.desired is not None
+                                               and not self._input.errors):
             return
         if snap.reread or snap.removed:
             log.debug("re-read %s; dropped %s",
@@ -585,8 +586,11 @@ class Daemon:
 
     def _sync(self, kind: str) -> SyncReport:
         start = self.clock.monotonic()
+        hup, self._hup = self._hup, False  # (SIGHUP; one that comes during this sync counts for the next)
+        if hup and (rescan := getattr(self.source, "rescan", None)) is not None:
+            rescan()  # (the whole source read again, not just the files it saw change)
         with self._lock:
-            was_dirty, self._dirty = self._dirty, False
+            was_dirty, self._dirty = self._dirty or hup, False
         full = kind == "full"
         if full:
             self._last_full = start
@@ -643,8 +647,7 @@ class Daemon:
             rules_written = getattr(self.backend, "rules_written", None)
             written = rules_written(planned.own_operations) if rules_written is not None else {}
             counts = planned.count_services(self.backend)  # the numbers, not the description
-            touched = touched_services(planned.own_operations, self.backend, planned.observed_model) \
-                if operations else set()
+            touched = planned.touched(self.backend) if operations else set()
             named = tuple(heapq.nsmallest(LOGGED_SERVICES, touched))
             # nothing to do: the kernel equals the desired model; keep that one (the renderer's
             # objects, which the next diff recognises by identity), not a second, observed copy.

@@ -72,6 +72,7 @@ class Planned:
     # and the one at which it verified the kernel (how: verified_by)
     generations: list[int] | None = field(default_factory=list)
     verified_at: int | None = None
+    _touched: set[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def verified_by(self) -> str | None:
@@ -92,7 +93,7 @@ class Planned:
             return
         views = self._views(backend)
         if views:
-            self.plan.services = service_changes(*views, self._touched(backend))
+            self.plan.services = service_changes(*views, self.touched(backend))
         self.described = True
 
     def count_services(self, backend: Any) -> Counter[str]:
@@ -101,7 +102,7 @@ class Planned:
         at a time (the run loop's way: its peak RSS)."""
         if self.described:
             return Counter(s.action for s in self.plan.services)
-        touched = sorted(self._touched(backend))
+        touched = sorted(self.touched(backend))
         counts: Counter[str] = Counter()
         for i in range(0, len(touched), COUNT_CHUNK):
             part = set(touched[i:i + COUNT_CHUNK])
@@ -115,13 +116,15 @@ class Planned:
         ops = self.plan.operations
         return ops[:len(ops) - len(self.other_mode_cleanup)]
 
-    def _touched(self, backend: Any) -> set[str]:
+    def touched(self, backend: Any) -> set[str]:
         """The service ports the plan's own operations change: those they name, and those whose
-        objects go with a whole table."""
-        return touched_services(self.own_operations, backend, self.observed_model)
+        objects go without an operation naming them (see touched_services). Found once."""
+        if self._touched is None:
+            self._touched = touched_services(self.own_operations, backend, self.observed_model)
+        return self._touched
 
     def _views(self, backend: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
-        touched = self._touched(backend)
+        touched = self.touched(backend)
         if not touched:
             return None
         return backend.service_view(self.observed_model, touched), backend.service_view(self.desired_model, touched)

@@ -71,6 +71,7 @@ class Snapshot:
     # every error is a file that could not be read, whose objects are left out: the rest is a
     # consistent input (not so with duplicates, or with the directory itself gone)
     skippable: bool = False
+    stopped: bool = False  # a stop came while git wrote the tree: nothing was read (build nothing)
 
 
 def _signature(path: str) -> Signature | None:
@@ -151,6 +152,7 @@ class DirectorySource:
         self._first = True
         self._linked_dirs: list[InputWarning] = []  # (found by the last walk of the tree)
         self.waited_for_git = 0.0  # seconds the last snapshot waited for git's index lock
+        self._rescan = False  # see rescan()
         self._files: set[str] | None = None  # manifest files as of the last snapshot
         self._dirs: set[str] = set()  # the folders those are in (and were in since the last walk)
         self._keys: dict[tuple[str, str, str], SourceObject] | None = None  # for duplicate checks
@@ -274,9 +276,16 @@ class DirectorySource:
 
     # -- reading -------------------------------------------------------------------------
 
+    def rescan(self) -> None:
+        """The next snapshot walks the whole tree and compares every file (SIGHUP)."""
+        self._rescan = True
+
     def _only_files(self, dirty: set[str]) -> bool:
         """True when every changed path is a manifest file (added, modified or deleted): then
         only those are looked at, not the whole tree."""
+        if self._rescan:
+            self._rescan = False
+            return False
         if self._first or not dirty or self._files is None:
             return False
         for path in dirty:
@@ -310,12 +319,12 @@ class DirectorySource:
         """
         # (before taking the changes: those made meanwhile come too; after a wait, the tree is
         # walked: the watcher may still hold back the events of git's last writes)
-        began = time.monotonic()
+        began, self.waited_for_git = time.monotonic(), 0.0
         waited = self._wait_for_git()
         self.waited_for_git = time.monotonic() - began if waited is not False else 0.0
         if waited is None:  # stopping while git writes the tree: nothing of it is read
             log.info("stopping while git holds the index lock of %s: its changes are not read", self.root)
-            return Snapshot(changed=False, added_objects=[], removed_objects=[])
+            return Snapshot(changed=False, added_objects=[], removed_objects=[], stopped=True)
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked

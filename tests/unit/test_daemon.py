@@ -946,6 +946,18 @@ def test_sighup_asks_for_a_full_resync_now(tmp_path: Path, caplog: pytest.LogCap
     assert report is not None and report.kind == "full" and not stop.is_set()
     assert list(backend.kernel) == ["default/a:http/TCP", "default/b:http/TCP"]
     assert "received SIGHUP: a full resync now" in caplog.text
+    # the handler may interrupt the loop's own thread while it holds the daemon's lock: it takes none
+    done = threading.Event()
+
+    def interrupted() -> None:
+        with d._lock:
+            d.resync_now()
+        done.set()
+
+    threading.Thread(target=interrupted, daemon=True).start()
+    assert done.wait(5), "resync_now() blocked on a lock its caller held"
+    clock.advance(2)
+    assert d.step() is not None  # (and the request stands)
 
 
 def test_run_logs_the_input_errors_in_file_and_line_order(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -1799,3 +1811,19 @@ def test_a_second_run_in_the_same_network_namespace_exits_naming_the_first(tmp_p
     assert lock is not None and instance_lock.holder(str(tmp_path)) == str(os.getpid())
     instance_lock.release(lock)
     assert list(tmp_path.glob("*.lock")) == []  # (no file left per namespace)
+
+
+def test_a_stop_while_git_writes_the_tree_builds_nothing(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM during a checkout on the first sync: nothing read, so nothing built (not an
+    'empty directory' error, nor a half-checked-out tree)."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index.lock").write_text("")
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    stop = threading.Event()
+    stop.set()
+    backend = FakeBackend()
+    d = Daemon(Options(node_name="node-a"), backend, None, clock=FakeClock())
+    d.source = DirectorySource(str(tmp_path), d.notify, stop_event=stop, lock_wait=10.0)
+    d.step()
+    assert backend.kernel == {} and "lastError" not in d.health.body(True)[1]
+    assert "no Service, EndpointSlice or Node" not in caplog.text

@@ -82,7 +82,7 @@ def test_a_stop_while_git_holds_the_lock_reads_nothing_of_the_tree(tmp_path: Pat
     reader.join(5)
     assert not reader.is_alive()
     snap = result[0]
-    assert not snap.changed and snap.removed_objects == [] and snap.added_objects == []
+    assert not snap.changed and snap.removed_objects == [] and snap.added_objects == [] and snap.stopped
 
 
 def test_the_lock_of_the_work_tree_above_the_root_counts_too(tmp_path: Path) -> None:
