@@ -205,7 +205,8 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
         removed.setdefault(key, []).append(str(level.t1))
         added.setdefault(key, []).append(str(level.t2))
     _external_change(old, new, added, removed)
-    if bool(old["sourceRanges"]) != bool(new["sourceRanges"]):  # (none: every source is let in)
+    if bool(old["sourceRanges"]) != bool(new["sourceRanges"]) and old["addresses"] == new["addresses"]:
+        # (no range, the same load balancer IPs: every source is let in)
         (removed if new["sourceRanges"] else added).setdefault("sourceRanges", []).append(ANY_SOURCE)
     lines = []
     for key in _NOUNS:
@@ -220,6 +221,17 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
 ANY_SOURCE = "any (no range: every source reaches the load balancer IPs)"
 
 
+def _external_reach(view: dict[str, Any]) -> set[str]:
+    """The endpoints a view's external traffic reaches: those listed for it, else none where its
+    external addresses drop (a traffic policy Local without a local endpoint), else the cluster
+    traffic's."""
+    if view["externalEndpoints"]:
+        return set(view["externalEndpoints"])
+    if any(a.endswith("(drop)") for a in view["addresses"]):
+        return set()
+    return set(view["endpoints"])
+
+
 def _external_change(old: dict[str, Any], new: dict[str, Any], added: dict[str, list[str]],
                      removed: dict[str, list[str]]) -> None:
     """The endpoints external traffic reaches, listed (externalEndpoints) only while they differ
@@ -231,8 +243,7 @@ def _external_change(old: dict[str, Any], new: dict[str, Any], added: dict[str, 
     removed.pop("externalEndpoints", None)
     if not old["externalEndpoints"] and not new["externalEndpoints"]:
         return
-    before = set(old["externalEndpoints"] or old["endpoints"])
-    after = set(new["externalEndpoints"] or new["endpoints"])
+    before, after = _external_reach(old), _external_reach(new)
     if (after - before, before - after) == (set(new["endpoints"]) - set(old["endpoints"]),
                                            set(old["endpoints"]) - set(new["endpoints"])):
         return

@@ -961,6 +961,7 @@ def test_a_plan_names_a_change_that_only_takes_rules_out_of_a_shared_chain(mode,
     planned = make_plan(backend, build_desired_state(changed, OPTS), observed_model=before, other_mode=False)
     services = {s.service: s for s in planned.plan.services}
     assert sid in services and details in services[sid].details, planned.plan.to_text()
+    assert not any("source range any" in d for d in services[sid].details)  # (its LB IPs went too: no "any")
     assert "0 service ports to add" in planned.plan.summary()
     undescribed = make_plan(backend, build_desired_state(changed, OPTS), observed_model=before, other_mode=False,
                             describe=False)
@@ -1004,6 +1005,24 @@ def test_the_json_plan_has_each_change_as_data_and_the_counts():
 
 
 @pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_external_traffic_that_goes_nowhere_now_is_no_external_endpoint(mode):
+    """Policy Local, its local endpoint gone: external traffic drops; the plan says so by the
+    address's verdict and the endpoint that went, and lists no endpoint external traffic would
+    now reach (it reaches none)."""
+    from reconciler.plan import service_changes
+
+    def objs(*eps: object) -> list:
+        return [service("x", "10.96.0.5", [{**HTTP[0], "nodePort": 30005}], type="NodePort",
+                        externalTrafficPolicy="Local"), endpoint_slice("x", list(eps))]
+
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    views = [backend.service_view(backend.render(build(o))) for o in (
+        objs(endpoint("10.244.1.5"), endpoint("10.244.2.5", node="node-b")), objs(endpoint("10.244.2.5", node="node-b")))]
+    assert [c.details for c in service_changes(*views)] == [(
+        "- address nodePort 30005/tcp", "+ address nodePort 30005/tcp (drop)", "- endpoint 10.244.1.5:8080")]
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
 def test_a_dual_stack_nodeport_dropped_in_one_family_is_listed_per_family(mode):
     """externalTrafficPolicy Local with this node's endpoints in one family only: its NodePort
     drops in the other; the view says which (one '(drop)' entry hid that the other works)."""
@@ -1027,3 +1046,16 @@ def test_a_dual_stack_nodeport_dropped_in_one_family_is_listed_per_family(mode):
         "default/dual:http/TCP": ["IPv4 nodePort 30005/tcp (drop)", "IPv6 nodePort 30005/tcp"],
         "default/both:http/TCP": ["nodePort 30006/tcp"],  # (the same in both families: one entry)
     }
+
+
+def test_a_rule_in_a_chain_of_others_is_theirs_whatever_its_comment():
+    """A rule of somebody else's chain that jumps to ours, even one carrying our comment (copied
+    from ours), is not one of our jumps: the chain it jumps to is kept, not deleted (the restore
+    would fail on it, after the filter table was committed)."""
+    have = render(example_state())
+    nat = have.families["ipv4"]["nat"]
+    copied = Rule("FOREIGN", ("-m", "comment", "--comment", "service-reconciler service portals", "-j", SERVICES))
+    have.families["ipv4"]["nat"] = TableState(nat.chains, nat.jumps, (copied,))
+    texts = [op.text for op in diff(IptablesModel(), have) if op.name.startswith("iptables nat ")]
+    assert f":{SERVICES} - [0:0]" in texts and f"-X {SERVICES}" not in texts  # (IPv4's: the family it is in)
+    assert not any("FOREIGN" in t for t in texts)
