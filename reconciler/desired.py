@@ -946,7 +946,7 @@ class BuildCache:
                 errors.append(InputError(obj.where(()), f"{obj.kind} {obj.namespace}/{obj.name}: unexpected "
                                          f"value ({type(exc).__name__}: {exc})"))
         if errors:  # (with what was found beside them: the warnings of every object read)
-            raise InputErrors(errors, sorted([w for _, ws in parsed.values() for w in ws] + failed_warnings))
+            raise InputErrors(errors, in_place_order([w for _, ws in parsed.values() for w in ws] + failed_warnings))
 
         # 2. what the changes touch
         labels = dict(opts.node_labels)
@@ -996,7 +996,7 @@ class BuildCache:
         try:
             nodeports = self._check_nodeports(results, services)
         except InputErrors as exc:
-            exc.warnings = sorted(w for _, ws in parsed.values() for w in ws)
+            exc.warnings = in_place_order(w for _, ws in parsed.values() for w in ws)
             raise
 
         lost_node = self.node_obj is not None and node_obj is None and opts == self.options
@@ -1057,7 +1057,7 @@ class BuildCache:
         serial, since = next(_SERIALS), self.serial
         self.serial = serial
         return DesiredState(node, opts.masquerade_all, families, tuple(self.sorted_ports),
-                            tuple(health), tuple(sorted(warnings)), serial=serial,
+                            tuple(health), tuple(in_place_order(warnings)), serial=serial,
                             changes=PortDelta(since, tuple(gone), tuple(made)))
 
     def _check_nodeports(self, results: dict[tuple[str, str], Any], services: dict[tuple[str, str], Any]

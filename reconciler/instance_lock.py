@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import time
 from typing import IO
 
 log = logging.getLogger(__name__)
@@ -47,13 +48,11 @@ def acquire(lock_dir: str | None = None) -> IO[str] | None:
         except OSError as exc:
             log.debug("no instance lock (%s): %s", path, exc)
             return None
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not _lock(fh):
             fh.seek(0)
             pid = fh.read().strip()
             fh.close()
-            raise AlreadyRunning(path, pid) from None
+            raise AlreadyRunning(path, pid)
         try:
             same = os.stat(path).st_ino == os.fstat(fh.fileno()).st_ino
         except OSError:
@@ -68,12 +67,27 @@ def acquire(lock_dir: str | None = None) -> IO[str] | None:
     return None
 
 
+def _lock(fh: IO[str], tries: int = 5) -> bool:
+    """flock(LOCK_EX) without waiting, tried a few times 20 ms apart: holder() takes the lock
+    shared for a moment, which is no other run."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            if attempt + 1 < tries:
+                time.sleep(0.02)
+    return False
+
+
 def release(fh: IO[str] | None) -> None:
-    """Give the lock up, removing its file (/run keeps no file per namespace that has gone)."""
+    """Give the lock up, removing its file while it is still this one (/run keeps no file per
+    namespace that has gone)."""
     if fh is None:
         return
     try:
-        os.unlink(fh.name)
+        if os.stat(fh.name).st_ino == os.fstat(fh.fileno()).st_ino:
+            os.unlink(fh.name)
     except OSError:
         pass
     fh.close()

@@ -29,11 +29,11 @@ class Location:
 def in_place_order(items: Iterable[Any]) -> list[Any]:
     """Errors or warnings sorted by file, line and column (those without a place first), as a
     compiler lists them; otherwise in the order found."""
-    def key(item: Any) -> tuple[str, int, int]:
+    def key(item: Any) -> tuple[str, int, int, str]:
         loc = getattr(item, "location", None)
         if isinstance(loc, Location):
-            return loc.origin, loc.line or 0, loc.column or 0
-        return (str(loc) if loc is not None else ""), 0, 0
+            return loc.origin, loc.line or 0, loc.column or 0, str(item)
+        return (str(loc) if loc is not None else ""), 0, 0, str(item)
     return sorted(items, key=key)
 
 

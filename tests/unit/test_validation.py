@@ -254,6 +254,11 @@ def test_addresses_and_ranges_are_parsed_as_kube_proxy_parses_them():
     assert "IPv4-mapped" in _read_ip("::ffff:10.0.0.5")[1] and "IPv4-mapped" in _read_cidr("::ffff:10.0.0.0/104")[1]
 
 
+def by_line(warnings: list[str]) -> list[str]:
+    """Warnings as the build orders them: by file, line and column ("svc.yaml:9:3" before "svc.yaml:10:1")."""
+    return sorted(warnings, key=lambda w: (w.split(":")[0], *(int(x) for x in w.split(":")[1:3]), w))
+
+
 def build_warnings(tmp_path, text: str):
     with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
         fh.write(text)
@@ -291,7 +296,7 @@ def test_entries_kube_proxy_ignores_are_skipped_with_a_warning_at_their_place(tm
     (endpointslicecache.go); an ingress ip "" is no ip (Go cannot tell it from an absent one)."""
     state, warnings = build_warnings(tmp_path, IGNORED)
     ignored = "ignored, as kube-proxy ignores it"
-    assert warnings == sorted([
+    assert warnings == by_line([
         f"svc.yaml:8:30: spec.loadBalancerSourceRanges[0]: invalid CIDR '10.0.0.0/33'; {ignored}",
         f"svc.yaml:8:63: spec.loadBalancerSourceRanges[2]: invalid CIDR ''; {ignored}",
         f"svc.yaml:8:67: spec.loadBalancerSourceRanges[3]: invalid CIDR '10.1.0.0'; {ignored}",  # (a CIDR needs a /)
@@ -389,7 +394,7 @@ def test_a_field_the_api_type_does_not_have_is_warned_at_its_place_and_ignored(t
     (labels, annotations, selector) and a Node's spec are not looked into."""
     state, warnings = build_warnings(tmp_path, MISSPELT)
     tail = "kubectl's strict field validation would refuse it"
-    assert warnings == sorted([
+    assert warnings == by_line([
         f"svc.yaml:3:41: metadata.lables: unknown field of ObjectMeta, ignored (did you mean labels?); {tail}",
         f"svc.yaml:8:30: spec.ports[0].targetPrt: unknown field of ServicePort, ignored (did you mean "
         f"targetPort?); {tail}",
