@@ -34,11 +34,11 @@ pending.
 
 def _common(p: argparse.ArgumentParser, source: bool = True, output: tuple[str, ...] = (),
             config_note: str = "", mode_help: str = "kernel backend (default: the file's mode, else nftables)",
-            config: bool = True, desired: bool = True) -> None:
+            config: bool = True, desired: bool = True, source_required: bool = True) -> None:
     """The flags of a command; `desired`: those the desired state is built with (the commands that
     only read or remove the kernel's objects take none of them: they would be silently unused)."""
     if source:
-        p.add_argument("--source", required=True, metavar="DIR",
+        p.add_argument("--source", required=source_required, metavar="DIR",
                        help="directory of Service/EndpointSlice/Node manifests (YAML or JSON, nested folders ok)")
     if config:
         p.add_argument("--config", metavar="FILE",
@@ -99,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="dry run: what apply would change in the kernel (exit 0 in sync, 2 changes)")
     _common(p, output=("text", "json"))
     p = sub.add_parser("apply", help="make the kernel match the desired state, atomically, then verify")
-    _common(p, output=("text", "json"))
+    _common(p, output=("text", "json"), source_required=False)
+    p.add_argument("--plan", metavar="FILE",
+                   help="instead of --source: run exactly the operations of a saved plan (`plan -o json > FILE`; "
+                        "'-': standard input), refused when the kernel has changed since it was made")
     p.add_argument("--read-back", action="store_true",
                    help="verify by reading the kernel back even when the ruleset generation shows that "
                         "our transaction was the only change since the kernel was read")
@@ -297,6 +300,15 @@ class _Warnings(logging.Handler):
 
 
 def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
+    if args.command == "apply" and (args.plan is None) == (args.source is None):
+        raise ValueError("apply: give --source DIR, or --plan FILE (a saved plan), not both")
+    if args.command == "apply" and args.plan is not None:
+        given = [f for f in ("node_name", "cluster_cidr", "service_cidr", "nodeport_addresses", "masquerade_all",
+                             "config") if getattr(args, f, None) is not None] + (["read_back"] if args.read_back else [])
+        if given:
+            raise ValueError(f"apply --plan: the plan was made with its own settings; "
+                             f"--{given[0].replace('_', '-')} is not taken")
+        return _apply_saved(args)
     opts = options_from(args)
     if args.command == "run":
         from .daemon import run
@@ -340,6 +352,8 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
         return EXIT_OK
     planned = plan_against_kernel(backend, args.source, opts, describe=args.command == "plan")
     if args.command == "plan":
+        if planned.observed_at is not None and backend.generation() is not None:  # (for `apply --plan`)
+            planned.plan.observed_generation = planned.observed_at
         print(planned.plan.to_json() if args.output == "json" else planned.plan.to_text())
         return EXIT_OK if planned.plan.empty else EXIT_CHANGES
     if args.command == "apply":
@@ -351,6 +365,50 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
             print(("Applied." if not planned.plan.empty else "Nothing to do.") + " " + _verified(planned))
         return EXIT_OK
     raise AssertionError(args.command)
+
+
+def _apply_saved(args: argparse.Namespace) -> int:
+    """`apply --plan FILE`: the saved plan's operations, run as they are, when the kernel is still
+    as the plan found it (its nf_tables ruleset generation, `observedGeneration`, unchanged:
+    nothing has committed since), then checked by the generation again."""
+    from .backends.base import Operation
+    from .backends.generation import follows
+
+    text = sys.stdin.read() if args.plan == "-" else open(args.plan, encoding="utf-8").read()
+    try:
+        doc = json.loads(text)
+        mode, operations, other = doc["mode"], doc["operations"], doc.get("otherMode")
+        seen = doc.get("observedGeneration")
+        ops = [Operation(o["action"], o["kind"], o["object"], o["command"], o.get("service")) for o in operations]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{args.plan}: not a plan of `reconciler plan -o json` ({type(exc).__name__}: {exc})") from None
+    if args.mode is not None and args.mode != mode:
+        raise ValueError(f"{args.plan}: a plan of {mode} mode, not {args.mode}")
+    backend = get_backend(mode)
+    now = backend.generation()
+    if seen is None or now is None:
+        raise ValueError(f"{args.plan}: cannot tell whether the kernel changed since the plan was made (no ruleset "
+                         "generation: legacy iptables, or a plan of an older version); plan and apply again")
+    if now != seen:
+        raise ValueError(f"{args.plan}: the kernel has changed since the plan was made (ruleset generation {seen}, "
+                         f"now {now}): not applied; plan again")
+    n_other = other["operations"] if other else 0
+    own, theirs = ops[:len(ops) - n_other], ops[len(ops) - n_other:]
+    produced: list[int] | None = backend.apply(own) if own else []
+    if theirs:
+        more = get_backend(other["mode"]).apply(theirs)
+        produced = None if produced is None or more is None else produced + more
+    verified = not ops or follows(seen, produced) == backend.generation()
+    if args.output == "json":
+        print(json.dumps({**doc, **({"verifiedBy": "generation"} if verified else {})}, indent=2))
+    elif not ops:
+        print("Nothing to do: the plan had no changes.")
+    else:
+        print(f"Applied the saved plan: {len(ops)} operations. " + (
+            "Verified by the ruleset generation: nothing but this transaction has changed the kernel since the "
+            "plan was made." if verified else "Somebody else has also changed the kernel meanwhile: plan to "
+            "see where it stands."))
+    return EXIT_OK
 
 
 if __name__ == "__main__":

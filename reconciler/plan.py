@@ -54,6 +54,9 @@ class Plan:
     services: list[ServiceChange] = field(default_factory=list)
     operations: list[Operation] = field(default_factory=list)
     verified_by: str | None = None  # apply: "generation" or "read" (see reconcile.apply)
+    # the nf_tables ruleset generation the kernel was read at (None: not known, or legacy iptables):
+    # `apply --plan` runs a saved plan only while it is still that
+    observed_generation: int | None = None
     # the last `other_mode_operations` operations remove what `other_mode` (the other mode) left
     other_mode: str | None = None
     other_mode_operations: int = 0
@@ -86,6 +89,7 @@ class Plan:
             **({"otherMode": {"mode": self.other_mode, "operations": self.other_mode_operations}}
                if self.other_mode_operations else {}),
             **({"verifiedBy": self.verified_by} if self.verified_by else {}),
+            **({"observedGeneration": self.observed_generation} if self.observed_generation is not None else {}),
         }
 
     def to_json(self) -> str:

@@ -505,3 +505,33 @@ def test_run_resyncs_read_the_kernel_only_after_a_foreign_commit(ns: Netns, tmp_
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_saved_plan_is_applied_as_it_was_reviewed_and_only_on_the_kernel_it_was_made_on(
+        ns: Netns, tmp_path: Path, mode: str) -> None:
+    """`plan -o json > FILE`, reviewed, then `apply --plan FILE`: exactly those operations, while the
+    kernel is still at the ruleset generation the plan read it at; after any other commit (ours
+    included) it is refused, and nothing is changed."""
+    flags = (*FLAGS, "--mode", mode)
+    saved = tmp_path / "plan.json"
+    saved.write_text(ns.reconciler("plan", *flags, "-o", "json", flavour="nft", check=False).stdout)
+    doc = json.loads(saved.read_text())
+    assert isinstance(doc["observedGeneration"], int) and doc["operations"]
+    out = ns.reconciler("apply", "--plan", str(saved), flavour="nft")
+    assert f"Applied the saved plan: {len(doc['operations'])} operations. Verified by the ruleset generation" \
+        in out.stdout
+    assert ns.reconciler("plan", *flags, flavour="nft", check=False).returncode == 0  # (what was planned: all of it)
+    again = ns.reconciler("apply", "--plan", str(saved), flavour="nft", check=False)
+    assert again.returncode == 1 and "the kernel has changed since the plan was made" in again.stderr
+
+    src = tmp_path / "state"
+    shutil.copytree(STATE, src)
+    (src / "monitoring" / "prometheus.yaml").unlink()
+    changed = ("--source", str(src), *flags[2:])
+    saved.write_text(ns.reconciler("plan", *changed, "-o", "json", flavour="nft", check=False).stdout)
+    ns.run("nft", "add", "table", "ip", "somebody-else")  # (a commit after the plan was made)
+    before = ns.run("nft", "list", "ruleset").stdout
+    refused = ns.reconciler("apply", "--plan", str(saved), flavour="nft", check=False)
+    assert refused.returncode == 1 and "not applied; plan again" in refused.stderr
+    assert ns.run("nft", "list", "ruleset").stdout == before

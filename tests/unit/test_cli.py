@@ -187,3 +187,21 @@ def test_apply_and_cleanup_say_that_a_running_run_will_put_its_state_back(
     monkeypatch.setattr(instance_lock, "holder", lambda lock_dir=None: None)
     assert main(["cleanup", "--mode", "nftables"]) == 0 and "reconciler run" not in caplog.text
     assert "cleanup (nftables): nothing of ours to remove" in capsys.readouterr().out
+
+
+def test_apply_takes_a_source_or_a_saved_plan_and_nothing_a_plan_was_made_with(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "plan.json"
+    saved.write_text(json.dumps({"mode": "nftables", "operations": []}))
+    assert main(["apply"]) == 1
+    assert "apply: give --source DIR, or --plan FILE (a saved plan), not both" in capsys.readouterr().err
+    assert main(["apply", "--plan", str(saved), "--source", str(tmp_path)]) == 1
+    assert main(["apply", "--plan", str(saved), "--cluster-cidr", "10.244.0.0/16"]) == 1
+    assert "apply --plan: the plan was made with its own settings; --cluster-cidr is not taken" in capsys.readouterr().err
+    assert main(["apply", "--plan", str(saved), "--read-back"]) == 1
+    assert "--read-back is not taken" in capsys.readouterr().err
+    assert main(["apply", "--plan", str(saved), "--mode", "iptables"]) == 1
+    assert "a plan of nftables mode, not iptables" in capsys.readouterr().err
+    saved.write_text("{not json")
+    assert main(["apply", "--plan", str(saved)]) == 1
+    assert f"{saved}: not a plan of `reconciler plan -o json`" in capsys.readouterr().err
