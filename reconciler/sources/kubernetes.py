@@ -276,8 +276,9 @@ class KubernetesSource:
         need_list = True
         failures = 0
         refused = False  # the last relist was for a refused watch: its success does not reset the backoff
+        short = 0  # watches in a row that the server opened, then closed at once (backed off too)
         while not self._stop.is_set():
-            progressed = [False]
+            progressed = [False, False]  # (an event came; the server answered the watch)
             try:
                 if need_list:
                     self._list(inf)
@@ -285,7 +286,7 @@ class KubernetesSource:
                     if not refused:
                         failures = 0
                 self._watch(inf, progressed)
-                failures, refused = 0, False
+                failures, refused, short = 0, False, 0
             except _Gone:
                 if self._stop.is_set():
                     break
@@ -302,7 +303,12 @@ class KubernetesSource:
             except Exception as exc:  # noqa: BLE001 - any failure: back off and retry
                 if self._stop.is_set():
                     break
-                failures = self._error(inf, exc, 0 if progressed[0] else failures)
+                if progressed[0]:
+                    failures = short = 0
+                elif progressed[1]:  # the server answered: an outage before it is over, not counted
+                    # (a server that closes every watch at once is backed off all the same)
+                    failures, short = (short, short + 1) if isinstance(exc, _ShortWatch) else (0, 0)
+                failures = self._error(inf, exc, failures)
 
     def _error(self, inf: _Informer, exc: object, failures: int) -> int:
         with self._lock:
@@ -372,6 +378,7 @@ class KubernetesSource:
             allow_watch_bookmarks=True,
             timeout_seconds=self._watch_timeout,
         )
+        progressed[1] = True
         with self._lock:
             self._streams.add(resp)
         clean = False

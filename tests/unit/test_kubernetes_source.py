@@ -434,6 +434,38 @@ def test_backoff_is_exponential_and_capped(make_source: Any, monkeypatch: pytest
     assert not src.wait_synced(0)
 
 
+def test_a_watch_the_server_answers_ends_the_outage_s_backoff(make_source: Any, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """After an outage the delays have grown to their cap; a watch the server answers again (then
+    closes at once, as an API server shutting down in a rolling restart does) is retried after the
+    first delay, not the cap: a Node drained meanwhile is seen within seconds."""
+    monkeypatch.setattr(random, "uniform", lambda a, b: 1.0)
+    with FakeAPIServer(bookmark_interval=None) as srv:
+        populate(srv)
+        src = make_source(srv, backoff_initial=0.05, backoff_max=2.0)
+        assert src.wait_synced(3)
+        delays: list[tuple[str, float]] = []
+        real_wait = src._stop.wait
+
+        def wait(timeout: float | None = None) -> bool:
+            delays.append((threading.current_thread().name, timeout or 0.0))
+            return bool(real_wait(timeout))
+
+        monkeypatch.setattr(src._stop, "wait", wait)
+        srv.stop()
+        assert wait_until(lambda: sum(t.endswith("-Node") for t, _ in delays) >= 5, timeout=10)
+        srv.start()
+        opened = len(srv.watch_requests("Node"))
+        assert wait_until(lambda: len(srv.watch_requests("Node")) > opened, timeout=10)
+        seen = len(delays)
+        srv.close_watches()  # (answered, then closed at once)
+        assert wait_until(lambda: any(t.endswith("-Node") for t, _ in delays[seen:]), timeout=10)
+        after = [d for t, d in delays[seen:] if t.endswith("-Node")]
+        outage = [d for t, d in delays[:seen] if t.endswith("-Node")]
+        assert max(outage) >= 0.8 and after[0] == pytest.approx(0.05), (outage, after)
+        src.stop()
+
+
 # -- configuration -----------------------------------------------------------------------
 
 
