@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 
 import kubernetes.client
 import kubernetes.config
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from ..desired import SERVICE_NAME_LABEL
@@ -119,6 +120,22 @@ class _Informer:
     resource_version: str = ""
     synced: bool = False
     thread: threading.Thread | None = None
+    failing: bool = False  # its requests have failed since it last reached the API server
+
+
+def _described(exc: object) -> str:
+    """An error for the log: urllib3's own retries exhausted ("HTTPConnectionPool(...): Max retries
+    exceeded with url: ... (Caused by NewConnectionError(...))", ~500 characters, though we retry)
+    as the reason alone: "cannot reach the API server at 127.0.0.1:6443: [Errno 111] Connection refused"."""
+    reason = getattr(exc, "reason", None)
+    pool = getattr(exc, "pool", None)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and reason is not None:
+        where = f" at {pool.host}:{pool.port}" if pool is not None else ""
+        text = str(reason)
+        if text.startswith(("<", "HTTP")) and ": " in text:  # ("HTTPConnection(host=..., port=...): ...")
+            text = text.split(": ", 1)[1]
+        return f"cannot reach the API server{where}: {text}"
+    return str(exc)
 
 
 def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
@@ -315,7 +332,8 @@ class KubernetesSource:
             self._counters["errors"] += 1
         delay = min(self._backoff_max, self._backoff_initial * 2**failures)
         delay *= random.uniform(0.8, 1.0)
-        log.warning("%s informer: %s; retrying in %.2fs", inf.kind, exc, delay)
+        inf.failing = True
+        log.warning("%s informer: %s; keeping what it has, retrying in %.2fs", inf.kind, _described(exc), delay)
         self._stop.wait(delay)
         return failures + 1
 
@@ -379,6 +397,9 @@ class KubernetesSource:
             timeout_seconds=self._watch_timeout,
         )
         progressed[1] = True
+        if inf.failing:
+            inf.failing = False
+            log.info("%s informer: the API server answers again; watching from resourceVersion %s", inf.kind, rv)
         with self._lock:
             self._streams.add(resp)
         clean = False

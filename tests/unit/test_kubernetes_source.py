@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import sys
 import threading
@@ -393,7 +394,9 @@ def test_a_refused_watch_relists(make_source: Any) -> None:
         src.stop()
 
 
-def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_source: Any) -> None:
+def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_source: Any,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="reconciler.sources.kubernetes")
     populate(server)
     src = make_source(server)
     assert src.wait_synced(3)
@@ -411,6 +414,12 @@ def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_so
     t0 = time.monotonic()
     src.stop()
     assert time.monotonic() - t0 < 1.0
+    # the outage said once per try in a line (not urllib3's retry report), and its end said
+    down = [r.getMessage() for r in caplog.records if "cannot reach" in r.getMessage()]
+    assert any(m.startswith(f"Service informer: cannot reach the API server at 127.0.0.1:{server.port}: ")
+               for m in down)
+    assert "Max retries exceeded" not in caplog.text and all("keeping what it has, retrying in" in m for m in down)
+    assert "Service informer: the API server answers again" in caplog.text
 
 
 def test_backoff_is_exponential_and_capped(make_source: Any, monkeypatch: pytest.MonkeyPatch) -> None:
