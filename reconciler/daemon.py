@@ -242,6 +242,7 @@ class Daemon:
         self._dirty = True  # the first sync reads the source
         self._need_full = True
         self._hup = False  # SIGHUP: see resync_now()
+        self._eligible: bool | None = None  # this node's Node's eligibility, as last logged
         # syncs are paced as kube-proxy's BoundedFrequencyRunner paces them: the next starts no
         # sooner than min_sync_period after the last one ended
         self._last_end = -math.inf
@@ -412,10 +413,30 @@ class Daemon:
             self._count_changes(cache.last_added, cache.last_removed)
             self._triggers.update(trigger_times(cache.last_added))
         self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
+        self._log_eligibility()
         self.desired = desired
         release = getattr(self.source, "release_bodies", None)
         if release is not None:  # the build cache has all it needs from them, but those held back
             release(keep=self._pending.added)  # (see _build_pending)
+
+    def _log_eligibility(self) -> None:
+        """Said when this node's Node turns ineligible for load balancer traffic (/healthz 503:
+        being deleted, or tainted for removal by the cluster autoscaler) and when it is eligible
+        again: /healthz's answer changes for a reason the log should give."""
+        if self._node is None:
+            return
+        eligible = node_eligible(self._node)
+        if eligible == self._eligible:
+            return
+        if not eligible:
+            meta = self._node.get("metadata") or {}
+            why = ("it is being deleted (deletionTimestamp)" if meta.get("deletionTimestamp") else
+                   "the cluster autoscaler is about to remove it (ToBeDeletedByClusterAutoscaler taint)")
+            log.warning("Node %s is not eligible for load balancer traffic: %s; /healthz answers 503",
+                        self.opts.node_name, why)
+        elif self._eligible is not None:
+            log.info("Node %s is eligible for load balancer traffic again; /healthz answers 200", self.opts.node_name)
+        self._eligible = eligible
 
     def _health_checks_before_first_sync(self, errors: list[InputError]) -> None:
         """A process restarted on a programmed kernel with errors in its directory leaves the

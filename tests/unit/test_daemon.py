@@ -695,7 +695,7 @@ def test_a_restart_with_errors_on_a_programmed_kernel_serves_the_health_checks_m
     assert [(h.service, h.nodePort, h.localEndpoints) for h in servers.calls[-1]] == [("default/lb", 32000, 1)]
 
 
-def test_node_eligibility_from_the_source() -> None:
+def test_node_eligibility_from_the_source(caplog: pytest.LogCaptureFixture) -> None:
     d, backend, source, clock = make(web())
     d.step()
     assert d.node_eligible() is True  # a directory without a Node object
@@ -704,9 +704,19 @@ def test_node_eligibility_from_the_source() -> None:
     source.objects = web() + [gone]
     d.notify()
     clock.advance(2)
-    d.step()
-    assert d.node_eligible() is False
-    assert d.health.body(with_node=True)[0] == 503
+    with caplog.at_level(logging.INFO, logger="reconciler.daemon"):
+        d.step()
+        assert d.node_eligible() is False
+        assert d.health.body(with_node=True)[0] == 503
+        # (why /healthz answers 503 now, and when it no longer does, is in the log)
+        source.objects = web() + [node()]
+        d.notify()
+        clock.advance(2)
+        d.step()
+    said = [r.getMessage() for r in caplog.records if "eligible" in r.getMessage()]
+    assert said == ["Node node-a is not eligible for load balancer traffic: it is being deleted (deletionTimestamp); "
+                    "/healthz answers 503",
+                    "Node node-a is eligible for load balancer traffic again; /healthz answers 200"]
 
 
 def test_the_node_is_eligible_until_the_api_caches_have_synced() -> None:
