@@ -424,6 +424,7 @@ def test_configmap_is_read_as_the_defaults(tmp_path, caplog):
         opts = merge(Options(node_name="n"), load_kube_proxy_config(str(path)))
     assert caplog.text == ""  # nothing in it is ignored or read otherwise than kube-proxy reads it
     assert (opts.sync_period, opts.min_sync_period) == (30, 1)
+    assert opts.nodeport_cidrs == ("primary",)  # (kube-proxy's nftables mode's default)
     assert {k: v for k, v in vars(opts).items() if k.startswith("conntrack_")} == {
         k: v for k, v in vars(Options(node_name="n")).items() if k.startswith("conntrack_")}
 
