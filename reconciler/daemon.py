@@ -45,7 +45,7 @@ from . import conntrack, conntrack_sysctls, gcpolicy, instance_lock
 from .backends.base import KernelError
 from .config import Options
 from .config_watch import ConfigFileWatch
-from .desired import BuildCache, BuildOptions, build_desired_state
+from .desired import BuildCache, BuildOptions, build_desired_state, object_errors
 from .drift import DriftCheck
 from .events import EventRecorder, Sender, api_sender, node_ref, service_ref
 from .health import (
@@ -385,6 +385,8 @@ class Daemon:
             skipped, errors = errors, []
         if not errors:
             desired, errors, excluded = self._build(snap, first_start)
+        elif self._source_has_deltas:  # (files that do not parse stop the build: the others' own errors too)
+            errors += object_errors(self._pending.added.values())
         errors = in_place_order([*skipped, *errors])
         if errors and desired is None:
             self._input_failed([str(e) for e in errors])

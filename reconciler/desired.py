@@ -1132,6 +1132,26 @@ def build_desired_state(objects: Iterable[SourceObject], opts: BuildOptions,
     return (cache or BuildCache()).build(objects, opts)
 
 
+def object_errors(objects: Iterable[SourceObject]) -> list[InputError]:
+    """The errors each Service and EndpointSlice has on its own (what the build's first step
+    finds; not the conflicts between objects): for reporting them beside errors that stop a build
+    from being tried (a directory's files that do not parse)."""
+    errors: list[InputError] = []
+    for obj in objects:
+        parse = _parse_service if obj.kind == "Service" else _parse_slice if obj.kind == "EndpointSlice" else None
+        if parse is None:
+            continue
+        try:
+            parse(obj, [])
+        except InputError as exc:
+            errors.append(exc)
+        except InputErrors as exc:
+            errors += exc.errors
+        except (TypeError, AttributeError, ValueError, KeyError):  # (the build reports those shapes)
+            pass
+    return errors
+
+
 def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
                    ) -> tuple[list[ServicePort], HealthCheck | None]:
     """The ServicePorts of one Service (and its health check), from its EndpointSlices."""

@@ -983,6 +983,19 @@ def test_run_logs_the_input_errors_in_file_and_line_order(tmp_path: Path, caplog
     assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/a.yaml:10:")
 
 
+def test_run_reports_the_objects_errors_beside_a_file_that_does_not_parse(tmp_path: Path) -> None:
+    """As validate does: fixing the syntax error should not be the first of two rounds."""
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    d, backend, clock = directory_daemon(tmp_path)
+    d.step()
+    (tmp_path / "b.yaml").write_text("kind: [")
+    (tmp_path / "c.yaml").write_text(SVC_YAML.format(name="c", ip="10.96.0.12", port=70000))
+    next_sync(d, clock)
+    assert list(backend.kernel) == ["default/a:http/TCP"]
+    assert d.health.body(True)[1]["lastError"].startswith(f"{tmp_path}/b.yaml:1")
+    assert f"{tmp_path}/c.yaml:10:5: spec.ports[0].port: port 70000 out of range" in " ".join(d._input.errors)
+
+
 def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
     """An emptied directory (a wrong --source, a folder cloned again before its checkout, an
