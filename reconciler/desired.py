@@ -12,7 +12,7 @@ import socket
 from collections import defaultdict
 from dataclasses import dataclass, field
 from sys import intern
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from . import fields
 from .sources.objects import (
@@ -26,6 +26,7 @@ from .state import (
 from .topology import EndpointInfo, categorize_endpoints
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 SERVICE_PROXY_NAME_LABEL = "service.kubernetes.io/service-proxy-name"
 HEADLESS_LABEL = "service.kubernetes.io/headless"
@@ -309,16 +310,22 @@ def _port_name(r: _Reader, path: Path) -> str:
     return name
 
 
-def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
-    """The Service as the build needs it (None: skipped), or all its errors (InputError(s))."""
+def _read_whole(read: Callable[[SourceObject, list[str], list[InputError]], _T | None], obj: SourceObject,
+                warnings: list[str]) -> _T | None:
+    """read(obj) as the build needs it (None: skipped), or all its errors (InputError(s)): read
+    goes on after an error in one part to the others, collecting them."""
     errors: list[InputError] = []
-    result = None
+    result: _T | None = None
     try:
-        result = _read_service(obj, warnings, errors)
+        result = read(obj, warnings, errors)
     except InputError as exc:  # (in a part the others depend on: what was found so far, and this)
         errors.append(exc)
     _raise_all(errors)
     return result
+
+
+def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
+    return _read_whole(_read_service, obj, warnings)
 
 
 def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputError]) -> _Service | None:
@@ -569,15 +576,11 @@ def _known_fields(raw: dict[str, Any]) -> bool:
 
 
 def _parse_slice(obj: SourceObject, warnings: list[str]) -> _Slice | None:
-    """The EndpointSlice as the build needs it (None: skipped), or all its errors (InputError(s))."""
-    errors: list[InputError] = []
-    result = None
-    try:
-        result = _read_slice(obj, warnings, errors)
-    except InputError as exc:  # (in a part the others depend on: what was found so far, and this)
-        errors.append(exc)
-    _raise_all(errors)
-    return result
+    return _read_whole(_read_slice, obj, warnings)
+
+
+_PARSERS: dict[str, Callable[[SourceObject, list[str]], Any]] = {"Service": _parse_service,
+                                                                 "EndpointSlice": _parse_slice}
 
 
 def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]) -> _Slice | None:
@@ -924,10 +927,8 @@ class BuildCache:
         for obj in added:
             try:
                 mine: list[str] = []
-                if obj.kind == "Service":
-                    parsed[id(obj)] = (_parse_service(obj, mine), tuple(mine))
-                elif obj.kind == "EndpointSlice":
-                    parsed[id(obj)] = (_parse_slice(obj, mine), tuple(mine))
+                if (parse := _PARSERS.get(obj.kind)) is not None:
+                    parsed[id(obj)] = (parse(obj, mine), tuple(mine))
                 elif obj.kind == "Node":
                     r = _Reader(obj, mine)
                     _warn_unknown(r, obj.body, fields.NODE)
@@ -1138,8 +1139,7 @@ def object_errors(objects: Iterable[SourceObject]) -> list[InputError]:
     from being tried (a directory's files that do not parse)."""
     errors: list[InputError] = []
     for obj in objects:
-        parse = _parse_service if obj.kind == "Service" else _parse_slice if obj.kind == "EndpointSlice" else None
-        if parse is None:
+        if (parse := _PARSERS.get(obj.kind)) is None:
             continue
         try:
             parse(obj, [])
