@@ -245,8 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         changes = args.command in ("apply", "run")  # (the others never change the kernel)
-        counted = f", {len(warned.items)} warning(s)" if warned is not None and warned.items else ""
-        print(f"{len(errors)} error(s){counted}" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
+        print(f"{len(errors)} error(s){_counted(warned)}" + ("; the kernel was not changed" if changes else ""), file=sys.stderr)
         if as_json and warned is not None:
             print(json.dumps(diagnostics(args.source, errors, warned.items), indent=2))
         return EXIT_ERROR
@@ -262,6 +261,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if warned is not None:
             log.removeHandler(warned)
+
+
+def _counted(warned: _Warnings | None) -> str:
+    """', 2 warning(s)' for a verdict line, when there were any."""
+    return f", {len(warned.items)} warning(s)" if warned is not None and warned.items else ""
 
 
 def diagnostics(source: str, errors: list[InputError], warnings: list[str], service_ports: int | None = None,
@@ -326,8 +330,7 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
             print(f"{args.source}: {len(warned.items)} warning(s), which --strict makes errors", file=sys.stderr)
             return EXIT_ERROR
         if args.output == "text":
-            counted = f", {len(warned.items)} warning(s)" if warned is not None and warned.items else ""
-            print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'}{counted})")
+            print(f"{args.source}: valid ({n} service port{'' if n == 1 else 's'}{_counted(warned)})")
         return EXIT_OK
     if args.command == "render":
         _dump(load_desired(args.source, opts).to_dict(), args.output)

@@ -785,10 +785,7 @@ LOGGED_SERVICES = 3  # service ports a sync's log line names
 def _of(services: tuple[str, ...], total: int) -> str:
     """' (a, b, c and 3 more)': the service ports a sync touched, the first few named, for its log
     line."""
-    if not services:
-        return ""
-    more = total - len(services)
-    return f" ({', '.join(services)}{f' and {more} more' if more > 0 else ''})"
+    return f" ({name_some(list(services), LOGGED_SERVICES, total=total)})" if services else ""
 
 
 def nodeport_hosts(desired: DesiredState | None) -> list[str]:

@@ -296,7 +296,7 @@ def apply(backend: Any, planned: Planned, verify: bool = True, release: bool = F
                     planned.describe(backend)
                 finally:
                     planned.committed(done.result())  # the transaction's outcome first: its error wins
-    conntrack.RECONCILER.take(planned.desired, _unseen_udp_frontends(backend, planned, own))
+    conntrack.RECONCILER.take(planned.desired, _unseen_udp_frontends(backend, planned))
     if planned.other_mode_cleanup:
         planned.committed(get_backend(OTHER_MODE[backend.mode]).apply(planned.other_mode_cleanup))
         log.info("removed %d object(s) left by %s mode", len(planned.other_mode_cleanup), OTHER_MODE[backend.mode])
@@ -331,13 +331,12 @@ def clean_conntrack(planned: Planned) -> conntrack.Result | None:
     return conntrack.RECONCILER.run()
 
 
-def _unseen_udp_frontends(backend: Any, planned: Planned, own: list[Operation]
-                          ) -> set[tuple[Family, conntrack.Frontend]]:
+def _unseen_udp_frontends(backend: Any, planned: Planned) -> set[tuple[Family, conntrack.Frontend]]:
     """On a process's first apply, the frontends of the UDP service ports the plan removed, as the
     kernel held them: they were frontends before this process, which cannot know it otherwise."""
     if not conntrack.RECONCILER.first or planned.observed_model is None:
         return set()
-    removed = {s for s in touched_services(own, backend, planned.observed_model) if s.endswith("/UDP")}
+    removed = {s for s in planned.touched(backend) if s.endswith("/UDP")}
     if removed:
         removed -= {sp.id for sp in planned.desired.services if sp.protocol == "UDP"}
     return conntrack.view_frontends(backend.service_view(planned.observed_model, removed)) if removed else set()

@@ -37,11 +37,12 @@ def in_place_order(items: Iterable[Any]) -> list[Any]:
     return sorted(items, key=key)
 
 
-def name_some(names: list[str], shown: int, none: str = "nothing") -> str:
-    """The first `shown` names, and how many more ("a, b and 3 more"); `none` for none."""
+def name_some(names: list[str], shown: int, none: str = "nothing", total: int | None = None) -> str:
+    """The first `shown` names, and how many more ("a, b and 3 more"); `none` for none. `total`:
+    how many there are in all, when `names` holds only the first few."""
     if not names:
         return none
-    more = len(names) - shown
+    more = (len(names) if total is None else total) - min(shown, len(names))
     return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 

@@ -130,18 +130,24 @@ def restore(cmd: str, flavour: str, lines: list[str]) -> float:
     return elapsed
 
 
+def _failed_line(stderr: str) -> int | None:
+    """The input line a restore's error names ('... line N', 'Error occurred at line: N')."""
+    m = re.search(r"line:? (\d+)", stderr)
+    return int(m.group(1)) if m else None
+
+
 def _committed(cmd: str, lines: list[str], stderr: str) -> str:
     """What a failed restore had committed: the tables whose COMMIT line came before the line it
     failed at."""
-    m = re.search(r"line:? (\d+)", stderr)
-    if not m:
+    failed = _failed_line(stderr)
+    if failed is None:
         return f"{cmd}: which of its tables were committed is not known (no line in the error)"
-    failed, table, done = int(m.group(1)), "", []
-    for number, line in enumerate(lines[:failed - 1], 1):
+    table, done = "", []
+    for line in lines[:failed - 1]:
         text = line.strip()
         if text.startswith("*"):
             table = text[1:]
-        elif text == "COMMIT" and number < failed:
+        elif text == "COMMIT":
             done.append(table)
     if not done:
         return f"{cmd}: nothing was committed"
@@ -150,8 +156,7 @@ def _committed(cmd: str, lines: list[str], stderr: str) -> str:
 
 def _excerpt(lines: list[str], stderr: str) -> str:
     """The input around the line restore complained about ('... failed ... line N')."""
-    m = re.search(r"line:? (\d+)", stderr)
-    if not m:
+    n = _failed_line(stderr)
+    if n is None:
         return "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else "")
-    n = int(m.group(1))
     return "\n".join(f"{i + 1:5d} {lines[i]}" for i in range(max(0, n - 4), min(len(lines), n + 2)))
