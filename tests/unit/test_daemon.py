@@ -632,21 +632,24 @@ def test_metrics_after_syncs() -> None:
         assert f"# TYPE {name} " in text
 
 
+class RecordingServers:
+    """Stands in for ServiceHealthServers: the health checks each sync handed it."""
+
+    def __init__(self) -> None:
+        self.calls: list[Any] = []
+
+    def sync(self, checks: Any) -> list[str]:
+        self.calls.append(tuple(checks))
+        return []
+
+
 def test_health_check_servers_follow_the_desired_state() -> None:
-    class Servers:
-        def __init__(self) -> None:
-            self.calls: list[Any] = []
-
-        def sync(self, checks: Any) -> list[str]:
-            self.calls.append(tuple(checks))
-            return []
-
     lb = service("lb", "10.96.0.20", [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}],
                  type="LoadBalancer", externalTrafficPolicy="Local", healthCheckNodePort=32000)
     eps = endpoint_slice("lb", [endpoint("10.244.1.10"), endpoint("10.244.1.11"),
                                 endpoint("10.244.2.10", node="node-b")], port=8080)
     d, backend, source, clock = make([lb, eps, node()])
-    servers = Servers()
+    servers = RecordingServers()
     d.service_health = servers  # type: ignore[assignment]
     d.step()
     assert [(h.service, h.nodePort, h.localEndpoints) for h in servers.calls[-1]] == [("default/lb", 32000, 2)]
@@ -675,20 +678,12 @@ def test_a_restart_with_errors_on_a_programmed_kernel_serves_the_health_checks_m
     """The kernel is left as the last process programmed it (its services proxied): their
     healthCheckNodePorts are served from the files without errors, or a load balancer would
     take this node out for the services it does serve."""
-    class Servers:
-        def __init__(self) -> None:
-            self.calls: list[Any] = []
-
-        def sync(self, checks: Any) -> list[str]:
-            self.calls.append(tuple(checks))
-            return []
-
     (tmp_path / "lb.yaml").write_text(LB_YAML)
     (tmp_path / "bad.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=70000))
     backend = FakeBackend()
     backend.kernel = {"default/lb:http/TCP": "before"}  # (the last process's)
     d, backend, clock = directory_daemon(tmp_path, backend)
-    servers = Servers()
+    servers = RecordingServers()
     d.service_health = servers  # type: ignore[assignment]
     d.step()
     assert backend.kernel == {"default/lb:http/TCP": "before"} and backend.applies == []

@@ -422,11 +422,8 @@ def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_so
     assert "Service informer: the API server answers again" in caplog.text
 
 
-def test_backoff_is_exponential_and_capped(make_source: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    srv = FakeAPIServer().start()
-    srv.stop()  # a port where nothing listens
-    monkeypatch.setattr(random, "uniform", lambda a, b: 1.0)
-    src = make_source(srv, start=False, backoff_initial=0.01, backoff_max=0.08)
+def recorded_waits(src: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, float]]:
+    """The source's backoff waits, as (thread name, seconds), as they happen."""
     delays: list[tuple[str, float]] = []
     real_wait = src._stop.wait
 
@@ -435,6 +432,15 @@ def test_backoff_is_exponential_and_capped(make_source: Any, monkeypatch: pytest
         return bool(real_wait(timeout))
 
     monkeypatch.setattr(src._stop, "wait", wait)
+    return delays
+
+
+def test_backoff_is_exponential_and_capped(make_source: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = FakeAPIServer().start()
+    srv.stop()  # a port where nothing listens
+    monkeypatch.setattr(random, "uniform", lambda a, b: 1.0)
+    src = make_source(srv, start=False, backoff_initial=0.01, backoff_max=0.08)
+    delays = recorded_waits(src, monkeypatch)
     src.start()
     assert wait_until(lambda: len(delays) >= 18)
     src.stop()
@@ -453,14 +459,7 @@ def test_a_watch_the_server_answers_ends_the_outage_s_backoff(make_source: Any, 
         populate(srv)
         src = make_source(srv, backoff_initial=0.05, backoff_max=2.0)
         assert src.wait_synced(3)
-        delays: list[tuple[str, float]] = []
-        real_wait = src._stop.wait
-
-        def wait(timeout: float | None = None) -> bool:
-            delays.append((threading.current_thread().name, timeout or 0.0))
-            return bool(real_wait(timeout))
-
-        monkeypatch.setattr(src._stop, "wait", wait)
+        delays = recorded_waits(src, monkeypatch)
         srv.stop()
         assert wait_until(lambda: sum(t.endswith("-Node") for t, _ in delays) >= 5, timeout=10)
         srv.start()
