@@ -25,11 +25,6 @@ class ServiceChange:
                 "items": [_item(line) for line in self.details]}
 
 
-_ITEM_KINDS = (("external traffic only to endpoint", "externalEndpoint"),
-               ("external traffic to endpoint", "externalEndpoint"), ("address", "address"), ("endpoint", "endpoint"),
-               ("source range", "sourceRange"), ("session affinity", "affinity"))
-
-
 def _item(line: str) -> dict[str, str]:
     """A change line as data (-o json): {action, kind, value[, verdict]}, e.g. "+ address
     172.30.1.10:443/tcp (drop)" -> {"action": "+", "kind": "address", "value": "172.30.1.10:443/tcp",
@@ -186,6 +181,10 @@ def _action(old: dict[str, Any] | None, new: dict[str, Any] | None, touched: boo
 
 _NOUNS = {"addresses": "address", "endpoints": "endpoint", "externalEndpoints": "external traffic only to endpoint",
           "sourceRanges": "source range", "affinity": "session affinity"}  # a view's lists, in the order shown
+CHANGED_EXTERNAL = "external traffic to endpoint"  # (externalEndpoints' noun in a changed service port)
+_KINDS = {"addresses": "address", "endpoints": "endpoint", "externalEndpoints": "externalEndpoint",
+          "sourceRanges": "sourceRange", "affinity": "affinity"}  # a view's lists as -o json's items name them
+_ITEM_KINDS = (*((noun, _KINDS[key]) for key, noun in _NOUNS.items()), (CHANGED_EXTERNAL, "externalEndpoint"))
 
 
 def _describe(view: dict[str, Any], sign: str) -> tuple[str, ...]:
@@ -214,7 +213,7 @@ def _changed(old: dict[str, Any], new: dict[str, Any]) -> tuple[str, ...]:
         (removed if new["sourceRanges"] else added).setdefault("sourceRanges", []).append(ANY_SOURCE)
     lines = []
     for key in _NOUNS:
-        noun = "external traffic to endpoint" if key == "externalEndpoints" else _NOUNS[key]
+        noun = CHANGED_EXTERNAL if key == "externalEndpoints" else _NOUNS[key]
         for v in sorted(removed.get(key, []), key=lambda v: (v != ANY_SOURCE, v)):
             lines.append(f"- {noun} {v}")
         for v in sorted(added.get(key, []), key=lambda v: (v == ANY_SOURCE, v)):
