@@ -1173,6 +1173,7 @@ def _service_ports(svc: _Service, svc_slices: list[_Slice], node: NodeInfo
         ))
     check = None
     if svc.health_check_node_port is not None:
+        counts = tuple((family, len(ips)) for family, ips in local_ips.items())
         check = HealthCheck(f"{svc.namespace}/{svc.name}", svc.health_check_node_port,
-                            max((len(ips) for ips in local_ips.values()), default=0))
+                            max((n for _, n in counts), default=0), counts)  # type: ignore[arg-type]
     return ports, check

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import Any, Callable, Iterable, Sequence
 
-from .state import HealthCheck
+from .state import Family, HealthCheck
 
 log = logging.getLogger(__name__)
 
@@ -409,13 +409,22 @@ class _ServiceEntry:
     namespace: str
     name: str
     port: int
-    local_endpoints: int
+    check: HealthCheck  # its local endpoints, per family
     servers: list[HTTPServerThread] = field(default_factory=list)
 
 
-def service_health_body(entry: _ServiceEntry, proxy_healthy: bool) -> tuple[int, bytes, dict[str, str]]:
-    """kube-proxy's service health answer: 200 iff local endpoints and the proxy is healthy."""
-    count = entry.local_endpoints
+def describe_counts(check: HealthCheck) -> str:
+    """'2 local endpoints', or per family: 'local endpoints: IPv4 1, IPv6 0'."""
+    if len(check.byFamily) > 1:
+        return "local endpoints: " + ", ".join(f"IPv{family[-1]} {n}" for family, n in check.byFamily)
+    return f"{check.localEndpoints} local endpoint{'s' if check.localEndpoints != 1 else ''}"
+
+
+def service_health_body(entry: _ServiceEntry, proxy_healthy: bool, family: Family = "ipv4"
+                        ) -> tuple[int, bytes, dict[str, str]]:
+    """kube-proxy's service health answer to a request that reached an address of `family`: 200
+    iff that family's proxying has local endpoints and the proxy is healthy."""
+    count = entry.check.count(family)
     body = json.dumps({"service": {"namespace": entry.namespace, "name": entry.name},
                        "localEndpoints": count, "serviceProxyHealthy": proxy_healthy}, indent="\t")
     code = 200 if count != 0 and proxy_healthy else 503
@@ -431,8 +440,16 @@ class _ServiceHealthHandler(_Handler):
         if entry is None:  # closed concurrently
             self.send(503, b"", "application/json")
             return
-        code, body, headers = service_health_body(entry, owner.proxy_healthy())
+        code, body, headers = service_health_body(entry, owner.proxy_healthy(), self.reached_family())
         self.send(code, body, "application/json", headers)
+
+    def reached_family(self) -> Family:
+        """The family of the address this request reached (an IPv4-mapped one on a socket for
+        both families: IPv4)."""
+        ip = ipaddress.ip_address(self.connection.getsockname()[0].split("%", 1)[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is None:
+            return "ipv6"
+        return "ipv4"
 
 
 def default_hosts() -> list[str]:
@@ -505,7 +522,7 @@ class ServiceHealthServers:
                 if h is None or h.nodePort != e.port:
                     to_close.append(self._entries.pop(svc))
                 else:
-                    e.local_endpoints = h.localEndpoints
+                    e.check = h
             missing = [h for svc, h in want.items() if svc not in self._entries]
         for e in to_close:
             for srv in e.servers:
@@ -516,7 +533,7 @@ class ServiceHealthServers:
             hosts = self.hosts()
         for h in missing:
             namespace, _, name = h.service.partition("/")
-            entry = _ServiceEntry(namespace, name, h.nodePort, h.localEndpoints)
+            entry = _ServiceEntry(namespace, name, h.nodePort, h)
             try:
                 for host in hosts:
                     entry.servers.append(HTTPServerThread(host, h.nodePort, _ServiceHealthHandler,
@@ -534,8 +551,8 @@ class ServiceHealthServers:
             if entry.servers:
                 with self._lock:
                     self._entries[h.service] = entry
-                log.info("started health check server for %s on port %d (%d local endpoints)",
-                         h.service, h.nodePort, h.localEndpoints)
+                log.info("started health check server for %s on port %d (%s)", h.service, h.nodePort,
+                         describe_counts(h))
         return errors
 
     def close(self) -> None:

@@ -198,14 +198,31 @@ def service_port_id(namespace: str, name: str, port_name: str, port: int, protoc
 
 @dataclass(frozen=True)
 class HealthCheck:
-    """A healthCheckNodePort server: answers 200 while this node has local endpoints."""
+    """A healthCheckNodePort server: answers 200 while this node has local endpoints.
+
+    Counted per IP family of the Service (`byFamily`), as kube-proxy's two proxiers of a
+    dual-stack node each serve their own family's count: a request is answered with the count
+    of the family of the address it reached. `localEndpoints` is the largest of them; without
+    `byFamily` it is every family's."""
 
     service: str  # namespace/name
     nodePort: int
     localEndpoints: int
+    byFamily: tuple[tuple[Family, int], ...] = ()
+
+    def count(self, family: Family) -> int:
+        """The local endpoints a request reaching an address of `family` is answered with (0 for
+        a family the Service does not have)."""
+        if not self.byFamily:
+            return self.localEndpoints
+        return dict(self.byFamily).get(family, 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"service": self.service, "nodePort": self.nodePort, "localEndpoints": self.localEndpoints}
+        out: dict[str, Any] = {"service": self.service, "nodePort": self.nodePort,
+                               "localEndpoints": self.localEndpoints}
+        if len(self.byFamily) > 1:  # (a dual-stack Service)
+            out["localEndpointsByFamily"] = dict(self.byFamily)
+        return out
 
 
 @dataclass(frozen=True)

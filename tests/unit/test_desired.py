@@ -160,7 +160,16 @@ def test_health_check_node_port_counts_local_ready():
                     externalTrafficPolicy="Local", healthCheckNodePort=32000, clusterIPs=["10.96.0.1", "fd00::1"]),
             endpoint_slice("lb", [endpoint("10.244.1.5")]),
             endpoint_slice("lb", [endpoint("fd00:244::5")], family="IPv6")]
-    assert [h.localEndpoints for h in build(dual).healthChecks] == [1]
+    assert [h.to_dict() for h in build(dual).healthChecks] == [
+        {"service": "default/lb", "nodePort": 32000, "localEndpoints": 1, "localEndpointsByFamily": {"ipv4": 1, "ipv6": 1}}]
+    # each family counted on its own, as kube-proxy's two proxiers do: a node whose only local
+    # endpoint is IPv4 answers 503 on its IPv6 addresses (where that traffic is dropped)
+    one_family = [*dual[:2], endpoint_slice("lb", [endpoint("fd00:244::7", node="node-b")], family="IPv6")]
+    check = build(one_family).healthChecks[0]
+    assert (check.localEndpoints, check.count("ipv4"), check.count("ipv6")) == (1, 1, 0)
+    # a single-stack Service: nothing to count on the other family's addresses
+    single = build(objs).healthChecks[0]
+    assert (single.count("ipv4"), single.count("ipv6")) == (2, 0)
     # a slice port the Service does not have (a port being renamed) counts nothing: no 200 for a
     # service port whose traffic is refused (upstream counts it; see README)
     renamed = [service("lb", "10.96.0.1", [{**HTTP[0], "nodePort": 30001}], type="LoadBalancer",

@@ -348,6 +348,24 @@ def test_service_health_answers_like_upstream(service_servers) -> None:
                                                "localEndpoints": 1, "serviceProxyHealthy": False}
 
 
+@needs_ipv6
+def test_service_health_answers_with_the_count_of_the_family_reached() -> None:
+    """A dual-stack Service is counted per family (kube-proxy runs one proxier, and one health
+    server, per family): one socket for both families answers each with its own count."""
+    servers = ServiceHealthServers(lambda: True, hosts=["0.0.0.0"])
+    try:
+        port = free_port()
+        assert servers.sync([HealthCheck("ns/svc", port, 1, (("ipv4", 1), ("ipv6", 0)))]) == []
+        code, headers, raw = get(f"http://127.0.0.1:{port}/")
+        assert (code, headers["X-Load-Balancing-Endpoint-Weight"], json.loads(raw)["localEndpoints"]) == (200, "1", 1)
+        code, headers, raw = get(f"http://[::1]:{port}/")
+        assert (code, headers["X-Load-Balancing-Endpoint-Weight"], json.loads(raw)["localEndpoints"]) == (503, "0", 0)
+        servers.sync([HealthCheck("ns/svc", port, 2, (("ipv4", 0), ("ipv6", 2)))])  # (in place)
+        assert get(f"http://127.0.0.1:{port}/")[0] == 503 and get(f"http://[::1]:{port}/")[0] == 200
+    finally:
+        servers.close()
+
+
 def test_service_health_servers_follow_services(service_servers) -> None:
     servers, _ = service_servers
     p1, p2, p3 = free_port(), free_port(), free_port()
