@@ -368,6 +368,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
             cluster_ips[fam] = ip
         except InputError as exc:
             errors.append(exc)
+    _attempt(errors, _check_ip_families, r, [r.get(p) for p in paths] if not unallocated else [])
 
     raw_ports = r.typed(("spec", "ports"), list, [])
     if not raw_ports:
@@ -454,6 +455,27 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         affinity_timeout=timeout, etp_local=etp == "Local", itp_local=itp == "Local",
         health_check_node_port=hcnp if (svc_type == "LoadBalancer" and etp == "Local") else None,
     )
+
+
+_IP_FAMILIES = {"IPv4": "ipv4", "IPv6": "ipv6"}
+
+
+def _check_ip_families(r: _Reader, ips: list[Any]) -> None:
+    """spec.ipFamilies, when given, names the family of each clusterIP in order (the API server
+    refuses a Service where it does not, and kube-proxy reads a family's clusterIP by its index
+    there); a family beyond the clusterIPs given is one not allocated yet (nothing to program)."""
+    families = r.typed(("spec", "ipFamilies"), list, [])
+    if len(families) > 2:
+        raise r.error(("spec", "ipFamilies"), f"at most two families (IPv4, IPv6), got {len(families)}")
+    for i, family in enumerate(families):
+        path: Path = ("spec", "ipFamilies", i)
+        name = r.enum(path, tuple(_IP_FAMILIES), "")
+        if families.index(family) != i:
+            raise r.error(path, f"{name} is listed twice")
+        if i < len(ips) and isinstance(ips[i], str):
+            ip = normalize_ip(ips[i])
+            if ip is not None and ip_family(ip) != _IP_FAMILIES[name]:
+                raise r.error(path, f"{name} is not the family of clusterIPs[{i}] ({ips[i]})")
 
 
 def _attempt(errors: list[InputError], read: Callable[..., Any], *args: Any, default: Any = None, **kw: Any) -> Any:

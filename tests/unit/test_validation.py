@@ -157,6 +157,13 @@ def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
     assert "svc.yaml:12:7: spec.ports[0].nodePort: a ClusterIP Service has no nodePort" in msg
     msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.2]"))
     assert "svc.yaml:7:3: spec.clusterIP: '10.96.0.1' is not clusterIPs[0] ('10.96.0.2')" in msg
+    # ipFamilies names the family of each clusterIP, in order (kube-proxy reads them by index)
+    msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n  ipFamilies: [IPv6]"))
+    assert "svc.yaml:8:16: spec.ipFamilies[0]: IPv6 is not the family of clusterIPs[0] (10.96.0.1)" in msg
+    dual = base.replace("  clusterIP: 10.96.0.1", "  clusterIPs: [10.96.0.1, 'fd00::1']\n  ipFamilies: [IPv4, IPv4]")
+    assert "spec.ipFamilies[1]: IPv4 is listed twice" in errors_for(tmp_path, dual)
+    msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n  ipFamilies: [IPv5]"))
+    assert "spec.ipFamilies[0]: must be one of IPv4, IPv6, got 'IPv5'" in msg
     msg = errors_for(tmp_path, base.replace("name: web", "name: 123"))
     assert "svc.yaml:4:3: metadata.name: expected string, got int" in msg
     eps = """apiVersion: discovery.k8s.io/v1
