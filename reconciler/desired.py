@@ -382,19 +382,29 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
             errors.append(exc)
 
     external_ips: dict[Family, list[str]] = defaultdict(list)
+    placed: list[tuple[Path, str]] = []  # (where, address) of each externalIP and LB IP programmed
     for i, _ in enumerate(r.typed(("spec", "externalIPs"), list, [])):
         try:
             ip = r.ip(("spec", "externalIPs", i))
             external_ips[ip_family(ip)].append(ip)
+            placed.append((("spec", "externalIPs", i), ip))
         except InputError as exc:
             errors.append(exc)
     lb_ips: dict[Family, list[str]] = defaultdict(list)
     if svc_type == "LoadBalancer":
         for i, _ in enumerate(r.typed(("status", "loadBalancer", "ingress"), list, [])):
             try:
-                _read_ingress(r, ("status", "loadBalancer", "ingress", i), lb_ips)
+                base = ("status", "loadBalancer", "ingress", i)
+                if (ip := _read_ingress(r, base, lb_ips)) is not None:
+                    placed.append(((*base, "ip"), ip))
             except InputError as exc:
                 errors.append(exc)
+    if cluster_ips:  # (a family the Service has no clusterIP of is not proxied: nor are these, as upstream)
+        for where, ip in placed:
+            if ip_family(ip) not in cluster_ips:
+                r.warn(where, f"{ip} is of a family this Service has no clusterIP of "
+                              f"({', '.join(f'IPv{f[-1]}' for f in cluster_ips)} only): not programmed, as kube-proxy "
+                              "does not")
 
     ranges: dict[Family, list[str]] = defaultdict(list)
     try:
@@ -522,16 +532,18 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
     ports.append(_Port(name, protocol, port, node_port))
 
 
-def _read_ingress(r: _Reader, base: Path, lb_ips: dict[Family, list[str]]) -> None:
-    """One of status.loadBalancer.ingress: its IP added to lb_ips when kube-proxy programs it."""
+def _read_ingress(r: _Reader, base: Path, lb_ips: dict[Family, list[str]]) -> str | None:
+    """One of status.loadBalancer.ingress: its IP added to lb_ips (and returned) when kube-proxy
+    programs it."""
     mode = r.get(base + ("ipMode",))
     if mode not in (None, "VIP", "Proxy"):  # (the API server allows only these; kube-proxy skips it)
         r.warn(base + ("ipMode",), f"{mode!r} is neither VIP nor Proxy; this ingress IP is skipped, "
                                    "as kube-proxy skips it")
     if r.get(base + ("ip",)) in (None, "") or mode not in (None, "VIP"):
-        return  # hostname-only ingress ("" is no ip to kube-proxy), or the LB proxies itself
+        return None  # hostname-only ingress ("" is no ip to kube-proxy), or the LB proxies itself
     ip = r.ip(base + ("ip",))
     lb_ips[ip_family(ip)].append(ip)
+    return ip
 
 
 def _nodeport_cidrs(split: dict[Family, tuple[str, ...]] | None, family: Family) -> tuple[str, ...] | None:

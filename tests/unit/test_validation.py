@@ -322,6 +322,19 @@ def test_entries_kube_proxy_ignores_are_skipped_with_a_warning_at_their_place(tm
             "balancer IPs, as with kube-proxy") in warnings
 
 
+def test_addresses_of_a_family_the_service_does_not_have_are_skipped_with_a_warning(tmp_path):
+    """A single-stack Service's externalIPs and LB IPs of the other family: kube-proxy programs
+    them in no family (only a V(4) log); here they are said to be left out, at their place."""
+    text = IGNORED.replace("clusterIP: 10.96.0.1", "clusterIP: 10.96.0.1\n  externalIPs: [192.0.2.7, 'fd00:30::81']")
+    state, warnings = build_warnings(tmp_path, text.replace("{ip: 172.30.1.13}", "{ip: 172.30.1.13}, {ip: 'fd00:31::13'}"))
+    other = "is of a family this Service has no clusterIP of (IPv4 only): not programmed, as kube-proxy does not"
+    assert f"svc.yaml:7:28: spec.externalIPs[1]: fd00:30::81 {other}" in warnings
+    assert f"svc.yaml:12:45: status.loadBalancer.ingress[2].ip: fd00:31::13 {other}" in warnings
+    sp = state.by_id()["default/lb:http/TCP"]
+    assert [blk.family for blk in sp.families] == ["ipv4"]
+    assert (sp.family("ipv4").externalIPs, sp.family("ipv4").loadBalancerIPs) == (("192.0.2.7",), ("172.30.1.13",))
+
+
 def test_loosely_written_addresses_are_read_with_a_warning_at_their_place(tmp_path):
     text = IGNORED.replace("clusterIP: 10.96.0.1", 'clusterIP: 010.096.000.001\n  externalIPs: ["::ffff:192.0.2.7"]')
     state, warnings = build_warnings(tmp_path, text.replace("[10.244.1.5]", "[010.244.001.005]"))
