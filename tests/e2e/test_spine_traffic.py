@@ -19,7 +19,7 @@ PORTS = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP", "no
          {"name": "dns", "port": 53, "targetPort": 8080, "protocol": "UDP", "nodePort": 30053}]
 
 
-def state_docs(web_pods=("pod1", "pod2", "pod3")) -> list[dict]:
+def state_docs(web_pods=("pod1", "pod2", "pod3"), sticky_seconds: int = 60) -> list[dict]:
     ports = (("http", 8080, "TCP"), ("dns", 8080, "UDP"))
     return [
         svc("web", WEB, PORTS, type="LoadBalancer", externalIPs=["172.30.1.50"],
@@ -27,7 +27,7 @@ def state_docs(web_pods=("pod1", "pod2", "pod3")) -> list[dict]:
         eps("web", web_pods, 4, ports), eps("web", web_pods, 6, ports),
         svc("empty", ["10.96.0.20"], [{"name": "http", "port": 80, "protocol": "TCP"}]),
         svc("sticky", ["10.96.0.30"], [{"name": "http", "port": 80, "protocol": "TCP"}],
-            sessionAffinity="ClientIP", sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}}),
+            sessionAffinity="ClientIP", sessionAffinityConfig={"clientIP": {"timeoutSeconds": sticky_seconds}}),
         eps("sticky", ["pod1", "pod2", "pod3"]),
     ]
 
@@ -105,6 +105,29 @@ def test_session_affinity_sticks_per_client(lab, applied):
         res = lab.tcp(client, "10.96.0.30", 80, count=15)
         assert outcomes(res) == {"ok": 15}
         assert len(servers(res)) == 1, (client, servers(res))
+
+
+def test_a_changed_affinity_timeout_keeps_each_client_with_its_endpoint(lab, applied):
+    """The timeout goes with the rules, not with what the kernel remembers of the clients: in
+    nftables mode each entry carries it (the sets stay), in iptables mode `recent --seconds`."""
+    before = {}
+    for client in ("pod1", "pod2", "node"):
+        res = lab.tcp(client, "10.96.0.30", 80, count=5)
+        assert outcomes(res) == {"ok": 5} and len(servers(res)) == 1, (client, servers(res))
+        before[client] = servers(res)
+    write_state(applied.source, state_docs(sticky_seconds=120))
+    try:
+        plan = reconciler(lab, "plan", *common_flags(applied.source, applied.mode), check=False)
+        assert plan.returncode == 2
+        assert "+ session affinity ClientIP 120s" in plan.stdout
+        assert "delete set" not in plan.stdout and "-X " not in plan.stdout
+        reconciler(lab, "apply", *common_flags(applied.source, applied.mode))
+        for client, seen in before.items():
+            res = lab.tcp(client, "10.96.0.30", 80, count=5)
+            assert outcomes(res) == {"ok": 5} and servers(res) == seen, (client, seen, servers(res))
+    finally:
+        write_state(applied.source, state_docs())
+        reconciler(lab, "apply", *common_flags(applied.source, applied.mode))
 
 
 def test_service_without_endpoints_is_refused_at_once(lab, applied):

@@ -12,7 +12,7 @@ import pytest
 from helpers import HTTP, REPO, STATE_DIR, build, endpoint, endpoint_slice, service
 
 from reconciler.backends.nftables.diff import diff, script
-from reconciler.backends.nftables.objects import BaseHook, Ruleset
+from reconciler.backends.nftables.objects import BaseHook, Ruleset, duration_seconds, nft_duration
 from reconciler.backends.nftables.observe import parse_table
 from reconciler.backends.nftables.render import interval_set, render, shard_of
 from reconciler.desired import BuildOptions, build_desired_state
@@ -169,6 +169,30 @@ def test_set_timeouts_as_nft_prints_them(text, seconds):
     doc = f"table ip t {{\n\tset s {{\n\t\ttype ipv4_addr\n\t\tflags timeout\n\t\ttimeout {text}\n\t}}\n}}\n"
     s = parse_table(doc, "ip", "t").sets["s"]
     assert s.timeout == seconds and s.flags == ("dynamic", "timeout")
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(10800, "3h"), (600, "10m"), (90, "1m30s"), (86400, "1d"),
+                                               (3661, "1h1m1s"), (1, "1s")])
+def test_affinity_timeouts_are_written_as_nft_prints_them(seconds, text):
+    """The per-entry timeout of `update @aff-… { ip saddr timeout T }` is compared as nft lists the
+    rule: written the way nft prints it, it reads back equal."""
+    assert nft_duration(seconds) == text and duration_seconds(text) == seconds
+
+
+def test_an_affinity_set_of_an_earlier_version_is_still_read_in_service_terms():
+    """Earlier versions put the timeout on the set (`timeout 10m`, `update @aff { ip saddr }`):
+    a plan against such a kernel still reads its affinity (then moves it to the entries)."""
+    old = (
+        "table ip reconciler-01 {\n\tset aff-ns/a/http/tcp/10.244.1.5/80 {\n\t\ttype ipv4_addr\n\t\tsize 65535\n"
+        "\t\tflags dynamic,timeout\n\t\ttimeout 10m\n\t}\n\n"
+        "\tchain ep-ns/a/http/tcp/10.244.1.5/80 {\n\t\tupdate @aff-ns/a/http/tcp/10.244.1.5/80 { ip saddr }\n"
+        "\t\tmeta l4proto tcp dnat to 10.244.1.5:80\n\t}\n\n"
+        "\tchain svc-ns/a/http/tcp {\n\t\tip saddr @aff-ns/a/http/tcp/10.244.1.5/80 goto ep-ns/a/http/tcp/10.244.1.5/80\n"
+        "\t\tgoto ep-ns/a/http/tcp/10.244.1.5/80\n\t}\n}\n")
+    new = old.replace("\t\ttimeout 10m\n", "").replace("{ ip saddr }", "{ ip saddr timeout 10m }")
+    for text in (old, new):
+        model = Ruleset({"ip reconciler-01": parse_table(text, "ip", "reconciler-01")})
+        assert service_view(model)["ns/a:http/TCP"]["affinity"] == ["ClientIP 600s"], text
 
 
 @pytest.mark.parametrize(("text", "priority"), [("dstnat", -100), ("srcnat", 100), ("filter - 10", -10),

@@ -11,7 +11,7 @@ from ..base import KernelError, Operation, nodeport_address, view_entry, view_se
 from ..generation import generation
 from . import kernel
 from .diff import diff, owner, script, services_of_deleted_tables
-from .objects import TABLE, Ruleset
+from .objects import TABLE, Ruleset, Table, duration_seconds
 from .observe import each_table, observe
 from .render import Renderer, shard_of, shard_table_name
 
@@ -129,6 +129,23 @@ def _dnats(rule: str, chains: dict[str, Any]) -> tuple[str, ...]:
     return (rule,) if "dnat" in rule else ()
 
 
+_ENTRY_TIMEOUT = re.compile(r"^update @(\S+) \{ ip6? saddr timeout (\S+) \}$")
+
+
+def _affinity_timeout(table: Table, rule: str) -> int | None:
+    """The affinity timeout of a `... saddr @aff-X goto ep-X` rule: the one its endpoint chain's
+    `update @aff-X { ip saddr timeout T }` gives each entry (or, as earlier versions made the
+    set, the set's own)."""
+    name = "aff-" + rule.split(" saddr @aff-", 1)[1].split(" ", 1)[0]
+    target = rule.rsplit(" goto ", 1)[-1] if " goto " in rule else None
+    for r in table.chains[target].rules if target in table.chains else ():
+        m = _ENTRY_TIMEOUT.match(r)
+        if m and m.group(1) == name:
+            return duration_seconds(m.group(2))
+    aff = table.sets.get(name)
+    return aff.timeout if aff is not None else None
+
+
 def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per service port: where it is reachable (and with which verdict), which endpoints its cluster
     traffic reaches and which its external traffic does (its ext- chain, see base.view_entry).
@@ -174,9 +191,9 @@ def service_view(model: Ruleset, only: set[str] | None = None) -> dict[str, dict
             found: set[str] = set()
             for rule in chain.rules:
                 if " saddr @aff-" in rule:  # the endpoint this source was sent to before: affinity
-                    aff = table.sets.get("aff-" + rule.split(" saddr @aff-", 1)[1].split(" ", 1)[0])
-                    if aff is not None:
-                        entry(sid)["affinity"].add(f"ClientIP {aff.timeout}s")
+                    seconds = _affinity_timeout(table, rule)
+                    if seconds is not None:
+                        entry(sid)["affinity"].add(f"ClientIP {seconds}s")
                 if external and rule.startswith(_SHORT_CIRCUIT):
                     continue
                 for dnat in _dnats(rule, table.chains):

@@ -6,6 +6,7 @@ compare as strings.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,7 +51,8 @@ class NftSet:
 
     @property
     def dynamic(self) -> bool:
-        return self.timeout is not None
+        """Filled by the packet path (`update @set`): its elements are not ours to compare."""
+        return "dynamic" in self.flags or self.timeout is not None
 
     @property
     def kind(self) -> str:
@@ -72,6 +74,28 @@ class NftSet:
         if self.timeout is not None:
             parts.append(f"timeout {self.timeout}s")
         return "; ".join(parts) + ";"
+
+
+def nft_duration(seconds: int) -> str:
+    """A time as nft prints it back: 10800 -> `3h`, 90 -> `1m30s`, 86400 -> `1d` (0 -> `0s`)."""
+    out = ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            out += f"{seconds // size}{unit}"
+            seconds %= size
+    return out or "0s"
+
+
+_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
+
+
+def duration_seconds(text: str) -> int:
+    """nft's `10m`, `3h`, `1d2h3m4s`, `10800s` -> seconds (-1, which nothing renders, when not)."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None or not any(m.groups()):
+        return -1
+    d, h, mins, secs, ms = (int(g) if g else 0 for g in m.groups())
+    return d * 86400 + h * 3600 + mins * 60 + secs + ms // 1000
 
 
 def element_text(key: str, value: str | None, comment: str | None) -> str:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 from . import kernel
-from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
+from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table, duration_seconds
 from .render import SHARDS, shard_table_name
 
 
@@ -143,7 +143,6 @@ def _priority(text: str) -> int | None:
 
 _FLAG_ORDER = {"dynamic": 0, "interval": 1, "timeout": 2}
 _ELEMENT = re.compile(r'(?P<key>.+?)(?: comment "(?P<comment>[^"]*)")?(?: : (?P<value>.+))?')
-_DURATION = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
 
 
 def _parse_set(name: str, body: list[str], is_map: bool) -> NftSet:
@@ -163,7 +162,7 @@ def _parse_set(name: str, body: list[str], is_map: bool) -> NftSet:
         elif line.startswith("flags "):
             flags = line[6:].split(",")
         elif line.startswith("timeout "):
-            timeout = _seconds(line[8:])
+            timeout = duration_seconds(line[8:])
         elif line.startswith("elements = {"):
             first = line[len("elements = {"):]
             more, i = _until_closed(body, i, 1 + _braces(first))  # wrapped over several lines
@@ -175,16 +174,7 @@ def _parse_set(name: str, body: list[str], is_map: bool) -> NftSet:
         flags = ["dynamic", *flags]  # timeout implies it (older nft leave it out)
     return NftSet(name=name, key_type=key_type, value_type=value_type,
                   flags=tuple(sorted(flags, key=lambda f: _FLAG_ORDER.get(f, 9))), timeout=timeout,
-                  elements={} if timeout is not None else elements)
-
-
-def _seconds(text: str) -> int:
-    """nft's `10m`, `3h`, `1d2h3m4s`, `10800s` -> seconds (-1, which nothing renders, when not)."""
-    m = _DURATION.fullmatch(text.strip())
-    if m is None or not any(m.groups()):
-        return -1
-    d, h, mins, secs, ms = (int(g) if g else 0 for g in m.groups())
-    return d * 86400 + h * 3600 + mins * 60 + secs + ms // 1000
+                  elements={} if "dynamic" in flags else elements)
 
 
 def _split_elements(text: str) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 from ...state import (
     DesiredState, Endpoint, Family, FamilyOptions, ServicePort, ServicePortFamily, TrafficPath, PortChanges,
 )
-from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table
+from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table, nft_duration
 
 Elements = dict[str, tuple[str | None, str | None]]
 
@@ -352,11 +352,14 @@ class _Builder:
                 pick = f"numgen random mod {n - i} 0 " if i < n - 1 else ""
                 rules.append(f"{match}{proto} {pick}dnat to {self.fam.endpoint(ep)}")
             return rules
+        # the timeout goes with each entry, not with the set: a changed timeoutSeconds rewrites
+        # the endpoint chains and keeps the sets, and every client stays with its endpoint (as
+        # iptables' `recent` lists stay); a set's own timeout could only change by recreating it
+        timeout = nft_duration(sp.affinityTimeoutSeconds)
         for ep in eps:
             chain, aff = ep_chain(sp, ep), affinity_set(sp, ep)
-            self.sets[aff] = NftSet(aff, self.fam.addr_type, flags=("dynamic", "timeout"),
-                                    timeout=sp.affinityTimeoutSeconds)
-            self.chains[chain] = Chain(chain, (f"update @{aff} {{ {self.fam.ip} saddr }}",
+            self.sets[aff] = NftSet(aff, self.fam.addr_type, flags=("dynamic", "timeout"))
+            self.chains[chain] = Chain(chain, (f"update @{aff} {{ {self.fam.ip} saddr timeout {timeout} }}",
                                                f"{proto} dnat to {self.fam.endpoint(ep)}"))
             rules.append(f"{match}{self.fam.ip} saddr @{aff} goto {chain}")
         for i, ep in enumerate(eps):
