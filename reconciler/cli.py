@@ -13,9 +13,10 @@ from . import __version__, gcpolicy, instance_lock
 from .backends import get_backend
 from .backends.base import KernelError
 from .config import (
-    INT32_MAX, MODES, Options, conntrack_seconds, load_kube_proxy_config, merge, parse_cidrs,
-    parse_duration, parse_nodeport_addresses,
+    HEALTHZ_PORT, INT32_MAX, METRICS_PORT, MODES, Options, bind_address, conntrack_seconds, load_kube_proxy_config,
+    merge, parse_cidrs, parse_duration, parse_nodeport_addresses,
 )
+from .desired import normalize_ip
 from .reconcile import apply, load_desired, plan_against_kernel
 from .sources.objects import InputError, InputErrors, InputWarning, in_place_order
 
@@ -123,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and at least hourly (default 30s)")
     p.add_argument("--min-sync-period", metavar="DURATION",
                    help="least time from a sync's end to the next sync's start (default 1s)")
-    p.add_argument("--healthz-bind-address", metavar="HOST:PORT", help="/healthz and /livez (default 0.0.0.0:10256)")
-    p.add_argument("--metrics-bind-address", metavar="HOST:PORT", help="/metrics (default 127.0.0.1:10249)")
+    p.add_argument("--healthz-bind-address", metavar="HOST:PORT",
+                   help="/healthz and /livez (default 0.0.0.0:10256; a bare IP: port 10256)")
+    p.add_argument("--metrics-bind-address", metavar="HOST:PORT",
+                   help="/metrics (default 127.0.0.1:10249; a bare IP: port 10249)")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
     _conntrack_flags(p)
     return parser
@@ -192,6 +195,9 @@ def options_from(args: argparse.Namespace) -> Options:
     for name in ("healthz_bind_address", "metrics_bind_address", "conntrack_max_per_core", "conntrack_min",
                  "conntrack_tcp_be_liberal", "conntrack_sysctl_dir"):
         flags[name] = getattr(args, name, None)
+    for name, port in (("healthz_bind_address", HEALTHZ_PORT), ("metrics_bind_address", METRICS_PORT)):
+        if flags[name] and normalize_ip(flags[name].strip()) is not None:  # a bare IP: its default
+            flags[name] = bind_address(flags[name], port)  # port, as kube-proxy's flag takes it
     for flag, metavar, _ in CONNTRACK_FLAGS:
         name = flag[2:].replace("-", "_")
         value = getattr(args, name, None)

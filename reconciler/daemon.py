@@ -63,6 +63,12 @@ from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
 
+
+class _EmptySource(InputError):
+    """The source holds no object at all (see Daemon._empty_source): a failure of the source, not
+    of any object in it."""
+
+
 BIND_RETRY_SECONDS = 5.0  # a healthz or metrics address in use is retried this often (kube-proxy's)
 
 Key = tuple[str, str, str]
@@ -363,7 +369,7 @@ class Daemon:
             snap = self._snapshot()
         except Exception as exc:  # noqa: BLE001 - a source failure is an input problem, never a wipe
             log.exception("reading the source failed")
-            self._input_failed([f"source: {exc}"])
+            self._input_failed([f"source: {exc}"], sources=1)
             return
         if getattr(snap, "stopped", False) or (not snap.changed and self.desired is not None
                                                and not self._input.errors):
@@ -389,7 +395,7 @@ class Daemon:
             errors += object_errors(self._pending.added.values())
         errors = in_place_order([*skipped, *errors])
         if errors and desired is None:
-            self._input_failed([str(e) for e in errors])
+            self._input_failed([str(e) for e in errors], sources=sum(isinstance(e, _EmptySource) for e in errors))
             if self.desired is None and snap.changed:
                 self._health_checks_before_first_sync(errors)
             return
@@ -493,7 +499,7 @@ class Daemon:
         again and not checked out yet, an emptied branch) is taken for a mistake: applied, it
         would remove every service port of ours."""
         root = getattr(self.source, "root", "source")
-        return InputError(Location(root), "no Service, EndpointSlice or Node in it: taken for a mistake "
+        return _EmptySource(Location(root), "no Service, EndpointSlice or Node in it: taken for a mistake "
                           "(a wrong --source, a checkout not done yet), not applied; `reconciler cleanup` "
                           "removes every service port of ours")
 
@@ -563,7 +569,10 @@ class Daemon:
                 current = [o for o in current if id(o) not in bad_ids]
         return None, all_errors, excluded
 
-    def _input_failed(self, messages: list[str], kept: bool = True) -> None:
+    def _input_failed(self, messages: list[str], kept: bool = True, sources: int = 0) -> None:
+        """Input that cannot be programmed: `messages`, of which `sources` are the source's own
+        failure (it could not be read; a directory holding no object: reason=source), the rest
+        invalid objects (reason=invalid)."""
         key = tuple(messages)
         if key != self._input.errors:
             new = [m for m in messages if m not in self._input.errors]
@@ -571,7 +580,9 @@ class Daemon:
                     else "nothing applied yet: the kernel is left as it is")
             for m in messages:
                 log.error("invalid input (%s): %s", what, m, extra=_fields(error=m))
-            self.metrics.source_errors.labels("invalid").inc(len(new))
+            source_failures = min(sources, len(new))
+            self.metrics.source_errors.labels("source").inc(source_failures)
+            self.metrics.source_errors.labels("invalid").inc(len(new) - source_failures)
             self._input.errors = key
         self._input.held = kept
         summary = messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else "")

@@ -136,7 +136,8 @@ class Metrics:
             "since the kernel was known to hold what we applied", registry=r)
         self.source_errors = Counter(
             "reconciler_source_errors_total",
-            "Input errors: invalid manifests/objects (reason=invalid) or source failures (reason=source)",
+            "Input errors: invalid manifests/objects (reason=invalid) or source failures (reason=source: "
+            "the API out of reach, a directory that cannot be read or holds no object)",
             ["reason"], registry=r)
         self.kernel_errors = Counter(
             "reconciler_kernel_errors_total", "Failed syncs: a kernel tool failed or did not converge", registry=r)

@@ -175,6 +175,15 @@ def test_bind_addresses_are_defaulted_as_kube_proxy_does(tmp_path, lines, health
     assert parse_bind_address(opts.healthz_bind_address, "x") and parse_bind_address(opts.metrics_bind_address, "x")
 
 
+def test_bind_address_flags_take_a_bare_ip_as_kube_proxys_do(tmp_path):
+    """--metrics-bind-address 0.0.0.0 is 0.0.0.0:10249 (kube-proxy's flag appends its port too)."""
+    opts = run_options(tmp_path, HEAD + "mode: nftables\n", "--metrics-bind-address", "0.0.0.0",
+                       "--healthz-bind-address", "::1")
+    assert (opts.healthz_bind_address, opts.metrics_bind_address) == ("[::1]:10256", "0.0.0.0:10249")
+    opts = run_options(tmp_path, HEAD + "mode: nftables\n", "--metrics-bind-address", "10.0.0.5:9090")
+    assert opts.metrics_bind_address == "10.0.0.5:9090"
+
+
 @pytest.mark.parametrize("line,message", [
     ("healthzBindAddress: 0.0.0.0:0", "healthzBindAddress: port must be 1-65535, got '0.0.0.0:0'"),
     ("metricsBindAddress: localhost:10249", "metricsBindAddress: expected IP:port or an IP (port 10249), got"),

@@ -1006,6 +1006,9 @@ def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, capl
     error = d.health.body(True)[1]["lastError"]
     assert error.startswith(f"{tmp_path}: no Service, EndpointSlice or Node in it: taken for a mistake"), error
     assert "invalid input (keeping the last good state)" in caplog.text
+    # a failure of the source (a wrong or emptied directory), not an invalid object
+    assert value(d, "reconciler_source_errors_total", {"reason": "source"}) == 1
+    assert value(d, "reconciler_source_errors_total", {"reason": "invalid"}) == 0
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))  # (the checkout done)
     next_sync(d, clock)
     assert list(backend.kernel) == ["default/b:http/TCP"] and "lastError" not in d.health.body(True)[1]
