@@ -90,7 +90,11 @@ def tune(opts: Options, *, retry_later: bool = False) -> bool:
         if retry_later:
             log.info("conntrack sysctls: nf_conntrack is not loaded yet; they are set after the first sync")
             return False
-        log.warning("conntrack sysctls not set: nf_conntrack is not loaded (no %s/nf_conntrack_max)", directory)
+        if not os.path.isdir(directory):  # (where --conntrack-sysctl-dir names a mount that is not there)
+            log.warning("conntrack sysctls not set: no directory %s (netfilter's sysctls not loaded, or the "
+                        "directory not mounted)", directory)
+        else:
+            log.warning("conntrack sysctls not set: nf_conntrack is not loaded (no %s/nf_conntrack_max)", directory)
         return True
     changed: dict[str, int] = {}
     for s in settings:

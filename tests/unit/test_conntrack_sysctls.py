@@ -144,6 +144,12 @@ def test_not_loaded_is_retried_later_once_then_warned(tmp_path: Path, caplog: py
         ("INFO", "conntrack sysctls: nf_conntrack is not loaded yet; they are set after the first sync"),
         ("WARNING", f"conntrack sysctls not set: nf_conntrack is not loaded (no {d}/nf_conntrack_max)")]
     caplog.clear()
+    # a directory that is not there at all (--conntrack-sysctl-dir naming a mount the pod lacks)
+    with caplog.at_level("INFO"):
+        assert cs.tune(Options(conntrack_sysctl_dir=str(tmp_path / "missing"))) is True
+    assert caplog.records[-1].getMessage() == (f"conntrack sysctls not set: no directory {tmp_path / 'missing'} "
+                                               "(netfilter's sysctls not loaded, or the directory not mounted)")
+    caplog.clear()
     opts = Options(conntrack_sysctl_dir=str(d), conntrack_max_per_core=0, conntrack_tcp_timeout_established=0,
                    conntrack_tcp_timeout_close_wait=0)
     with caplog.at_level("INFO"):
