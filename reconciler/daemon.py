@@ -262,6 +262,7 @@ class Daemon:
         # trigger times of the changes since the last applied sync, by Service (from the API) or by
         # EndpointSlice (from a build)
         self._triggers: dict[Key, list[str]] = {}
+        self._seen_triggers: dict[Key, str] = {}  # a directory's slices' trigger times, as last read
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
@@ -419,7 +420,7 @@ class Daemon:
         cache = self._build_cache
         if not hasattr(self.source, "changes"):  # (the API's are counted per event)
             self._count_changes(cache.last_added, cache.last_removed)
-            self._triggers.update(trigger_times(cache.last_added))
+            self._take_trigger_times(cache.last_added, cache.last_removed)
         self._node = dict(cache.node_obj.body) if cache.node_obj is not None else None
         self._log_eligibility()
         self.desired = desired
@@ -602,6 +603,17 @@ class Daemon:
         objs = [*self._pending.added.values(), *self._pending.removed.values()]
         self.metrics.service_changes_pending.set(len({o.key for o in objs if o.kind == "Service"}))
         self.metrics.endpoint_changes_pending.set(len({o.key for o in objs if o.kind == "EndpointSlice"}))
+
+    def _take_trigger_times(self, added: list[SourceObject], removed: list[SourceObject]) -> None:
+        """A directory's EndpointSlices' trigger times, each once: a file read again for another
+        object in it (or a touch) brings its slices back unchanged, and the time their last change
+        was triggered at marks no new change."""
+        seen = self._seen_triggers
+        before = {o.key: seen.pop(o.key) for o in removed if o.kind == "EndpointSlice" and o.key in seen}
+        for key, values in trigger_times(added).items():
+            if before.get(key) != values[0]:
+                self._triggers[key] = values
+            seen[key] = values[0]
 
     def _count_changes(self, added: list[SourceObject], removed: list[SourceObject]) -> None:
         """Count changed Services and EndpointSlices (an update is one removal plus one addition)."""

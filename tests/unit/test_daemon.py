@@ -991,6 +991,40 @@ def test_run_reports_the_objects_errors_beside_a_file_that_does_not_parse(tmp_pa
     assert f"{tmp_path}/c.yaml:10:5: spec.ports[0].port: port 70000 out of range" in " ".join(d._input.errors)
 
 
+def test_a_trigger_time_read_again_from_a_directory_is_not_a_new_sample(tmp_path: Path) -> None:
+    """A file holding a Service and its slice (as kubectl exports them, with the slice's
+    last-change-trigger-time) changed in the Service alone: the slice is read again, but its
+    trigger time marks no new change; a new trigger time does."""
+    start = FakeClock().time()
+
+    def text(label: str, trigger: float, ip: str = "10.244.1.5") -> str:
+        return SVC_YAML.format(name="a", ip="10.96.0.10", port=80).replace(
+            "  namespace: default\n", f"  namespace: default\n  labels: {{tier: {label}}}\n", 1) + f"""---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: a-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: a}}
+  annotations: {{endpoints.kubernetes.io/last-change-trigger-time: "{rfc3339(trigger)}"}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [{ip}]}}]
+"""
+    (tmp_path / "a.yaml").write_text(text("web", start + 0.5))
+    d, backend, clock = directory_daemon(tmp_path)
+    clock.advance(1)
+    d.step()
+    assert value(d, "kubeproxy_network_programming_duration_seconds_count") == 1
+    (tmp_path / "a.yaml").write_text(text("frontend", start + 0.5))  # the Service's label only
+    next_sync(d, clock)
+    assert value(d, "kubeproxy_network_programming_duration_seconds_count") == 1
+    (tmp_path / "a.yaml").write_text(text("frontend", clock.time(), ip="10.244.1.6"))
+    next_sync(d, clock)
+    assert value(d, "kubeproxy_network_programming_duration_seconds_count") == 2
+    assert value(d, "kubeproxy_network_programming_duration_seconds_sum") == pytest.approx(0.5 + 2)
+
+
 def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
     """An emptied directory (a wrong --source, a folder cloned again before its checkout, an
