@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-sync-period", metavar="DURATION",
                    help="least time from a sync's end to the next sync's start (default 1s)")
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT",
-                   help="/healthz and /livez (default 0.0.0.0:10256; a bare IP: port 10256)")
+                   help="/healthz, /livez and /readyz (default 0.0.0.0:10256; a bare IP: port 10256)")
     p.add_argument("--metrics-bind-address", metavar="HOST:PORT",
                    help="/metrics (default 127.0.0.1:10249; a bare IP: port 10249)")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")

@@ -781,7 +781,7 @@ class Daemon:
         for latency in network_programming_latencies(times, self.clock.time(), self.start_wall):
             m.network_programming.observe(latency)
         self._triggers = {}
-        self.health.updated()
+        self.health.programmed()
         if self.service_health is not None:
             self.service_health.sync(desired.healthChecks)
         held = "; the input has errors (logged above): changes since the last valid input are held back" \

@@ -1,6 +1,6 @@
 """HTTP endpoints of `reconciler run`, with kube-proxy's semantics (pkg/proxy/healthcheck):
 
-* /healthz and /livez (the proxier health server, default 0.0.0.0:10256);
+* /healthz, /livez and /readyz (the proxier health server, default 0.0.0.0:10256);
 * /metrics (Prometheus text, default 127.0.0.1:10249);
 * one healthCheckNodePort server per ETP=Local LoadBalancer Service (service health).
 
@@ -107,6 +107,7 @@ class ProxyHealth:
         self._oldest_pending: float | None = None  # monotonic
         self._last_error: str | None = None
         self._last_error_time: float | None = None
+        self._programmed: float | None = None  # wall time of the first sync that programmed the kernel
 
     def queued_update(self) -> None:
         with self._lock:
@@ -117,6 +118,14 @@ class ProxyHealth:
         with self._lock:
             self._oldest_pending = None
             self._last_updated = self.clock.time()
+
+    def programmed(self) -> None:
+        """updated(), by a sync that made the kernel hold what the source says (from then on
+        /readyz answers 200 while healthy)."""
+        self.updated()
+        with self._lock:
+            if self._programmed is None:
+                self._programmed = self._last_updated
 
     def set_input_error(self, message: str | None) -> None:
         with self._lock:
@@ -165,6 +174,20 @@ class ProxyHealth:
             body["lastError"] = error
             body["lastErrorTime"] = rfc3339(error_time or wall)
         return (200 if ok else 503), body
+
+    def ready_body(self) -> tuple[int, dict[str, Any]]:
+        """(status code, JSON body) for /readyz (ours; kube-proxy has none): 200 once a sync has
+        programmed the kernel from the source, while healthy (/livez's rule). Before that (the
+        API out of reach or its lists not done, no valid input yet) 503: a rollout waits for it."""
+        with self._lock:
+            wall = self.clock.time()
+            healthy = self._healthy_locked(self.clock.monotonic())
+            programmed = self._programmed
+        ready = programmed is not None and healthy
+        body: dict[str, Any] = {"ready": ready, "currentTime": rfc3339(wall),
+                                "firstProgrammed": rfc3339(programmed) if programmed is not None else GO_ZERO_TIME,
+                                "healthy": healthy}
+        return (200 if ready else 503), body
 
 
 # ----------------------------------------------------------------------------------------------
@@ -354,11 +377,11 @@ class _ProxyHealthHandler(_Handler):
 
     def respond(self) -> None:
         path = self.path.split("?", 1)[0]
-        if path not in ("/healthz", "/livez"):
+        if path not in ("/healthz", "/livez", "/readyz"):
             self.send(404, b"404 page not found\n", "text/plain; charset=utf-8")
             return
         health: ProxyHealth = self.server.health
-        code, body = health.body(with_node=path == "/healthz")
+        code, body = health.ready_body() if path == "/readyz" else health.body(with_node=path == "/healthz")
         counter = self.server.counters.get(path)
         if counter is not None:
             counter.labels(str(code)).inc()
@@ -366,7 +389,7 @@ class _ProxyHealthHandler(_Handler):
 
 
 def start_proxy_health_server(address: str, health: ProxyHealth, metrics: Any = None) -> HTTPServerThread | None:
-    """/healthz + /livez on `address` ('' disables); raises BindError."""
+    """/healthz, /livez and /readyz on `address` ('' disables); raises BindError."""
     if not address:
         return None
     host, port = parse_bind_address(address, "--healthz-bind-address")

@@ -1,7 +1,7 @@
 """`reconciler run --source DIR` as a background process in the lab's node namespace, real kernel:
 file changes reach the kernel within the coalescing period and traffic follows; a flushed or deleted
 table is repaired by the next full resync (and counted); a broken file keeps traffic flowing and is
-logged with file:line and counted; /healthz, /livez, /metrics and a healthCheckNodePort answer;
+logged with file:line and counted; /healthz, /livez, /readyz, /metrics and a healthCheckNodePort answer;
 SIGTERM exits 0 with the rules in place and a following `plan` finds nothing to do.
 """
 
@@ -286,6 +286,8 @@ def test_healthz_livez_and_metrics(lab: Lab, running: Running) -> None:
     assert set(health["status"]) == {"IPv4", "IPv6"}
     code, _, body = http_get(lab, "ext1", f"http://{HEALTHZ}/livez")  # like a load balancer would
     assert code == 200 and "nodeEligible" not in json.loads(body)
+    code, _, body = http_get(lab, "node", f"http://{HEALTHZ}/readyz")  # (the kernel is programmed)
+    assert code == 200 and json.loads(body)["ready"] is True
     assert http_get(lab, "node", f"http://{HEALTHZ}/nope")[0] == 404
     code, headers, text = http_get(lab, "node", f"http://{METRICS}/metrics")
     assert code == 200

@@ -1025,6 +1025,18 @@ endpoints: [{{addresses: [{ip}]}}]
     assert value(d, "kubeproxy_network_programming_duration_seconds_sum") == pytest.approx(0.5 + 2)
 
 
+def test_ready_once_a_sync_programmed_the_kernel(tmp_path: Path) -> None:
+    """/readyz: a first start on input with nothing valid in it leaves the kernel alone (live,
+    not ready)."""
+    (tmp_path / "a.yaml").write_text("kind: [")
+    d, backend, clock = directory_daemon(tmp_path)
+    d.step()
+    assert backend.kernel == {} and d.health.body(False)[0] == 200 and d.health.ready_body()[0] == 503
+    (tmp_path / "a.yaml").write_text(SVC_YAML.format(name="a", ip="10.96.0.10", port=80))
+    next_sync(d, clock)
+    assert list(backend.kernel) == ["default/a:http/TCP"] and d.health.ready_body()[0] == 200
+
+
 def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
     """An emptied directory (a wrong --source, a folder cloned again before its checkout, an

@@ -306,8 +306,9 @@ def test_daemonset_probes(container):
     live = container["livenessProbe"]["httpGet"]
     ready = container["readinessProbe"]["httpGet"]
     assert (live["path"], live["port"]) == ("/livez", HEALTHZ_PORT_NAME)
-    # /healthz answers 503 for a node being deleted or drained: no reason to be unready
-    assert (ready["path"], ready["port"]) == ("/livez", HEALTHZ_PORT_NAME)
+    # /readyz: not before the kernel is programmed (/healthz answers 503 for a node being
+    # deleted or drained: no reason to be unready)
+    assert (ready["path"], ready["port"]) == ("/readyz", HEALTHZ_PORT_NAME)
     ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
     assert ports[HEALTHZ_PORT_NAME] == HEALTHZ_PORT
 

@@ -154,6 +154,35 @@ def metrics() -> Metrics:
     return Metrics()
 
 
+def test_readyz_waits_for_the_first_sync_that_programs_the_kernel() -> None:
+    """Up (/livez 200) is not ready: the API out of reach, its lists not done or no valid input
+    yet leave the kernel unprogrammed, and a rollout should wait for that node."""
+    clock = FakeClock()
+    h = ProxyHealth(2 * SYNC_PERIOD, clock)
+    srv = start_proxy_health_server("127.0.0.1:0", h)
+    assert srv is not None
+    try:
+        base = f"http://127.0.0.1:{srv.port}"
+        h.updated()  # (the loop starting; a sync with no valid input yet)
+        assert get(base + "/livez")[0] == 200
+        code, _, raw = get(base + "/readyz")
+        assert code == 503 and json.loads(raw)["ready"] is False
+        assert json.loads(raw)["firstProgrammed"] == "0001-01-01T00:00:00Z"
+        clock.advance(3)
+        h.programmed()
+        code, _, raw = get(base + "/readyz")
+        assert code == 200 and json.loads(raw)["ready"] is True
+        first = json.loads(raw)["firstProgrammed"]
+        clock.advance(5)
+        h.programmed()
+        assert json.loads(get(base + "/readyz")[2])["firstProgrammed"] == first
+        h.queued_update()  # a change not applied for 2 x syncPeriod: neither live nor ready
+        clock.advance(2 * SYNC_PERIOD)
+        assert get(base + "/readyz")[0] == 503 and get(base + "/livez")[0] == 503
+    finally:
+        srv.close()
+
+
 def test_healthz_and_livez_over_http(metrics: Metrics) -> None:
     clock = FakeClock()
     h = ProxyHealth(2 * SYNC_PERIOD, clock)
