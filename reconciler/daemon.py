@@ -784,9 +784,17 @@ class Daemon:
         self.health.programmed()
         if self.service_health is not None:
             self.service_health.sync(desired.healthChecks)
-        held = "; the input has errors (logged above): changes since the last valid input are held back" \
-            if self._input.held else ""
-        log.info("sync %s: service ports +%d ~%d -%d%s, %d operations, %.1fms%s", report.kind, report.added,
+        held = (f"; the input has errors ({_first_error(self._input.errors)}): changes since the last valid "
+                "input are held back") if self._input.held else ""
+        failed = _failed_before(self.syncs)
+        if failed:
+            held += f"; syncs succeed again, after {failed} failed"
+        # a resync that found nothing to do (nor read the kernel) after one that succeeded: every
+        # sync period, so at debug level (kube-proxy says nothing of it either)
+        quiet = (bool(self.syncs) and not failed and report.operations == 0 and not report.kernel_read
+                 and not self._input.held)
+        log.log(logging.DEBUG if quiet else logging.INFO,
+                "sync %s: service ports +%d ~%d -%d%s, %d operations, %.1fms%s", report.kind, report.added,
                  report.changed, report.removed, _of(report.services, report.services_total),
                  report.operations, report.seconds * 1000, held,
                  extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
@@ -803,6 +811,24 @@ class Daemon:
 
 
 LOGGED_SERVICES = 3  # service ports a sync's log line names
+
+
+def _first_error(errors: tuple[str, ...]) -> str:
+    """The first of the input's errors, for each sync's log line while they hold changes back
+    (the full list is logged once, when it changes)."""
+    first = errors[0] if errors else "logged before"
+    first = first if len(first) <= 200 else first[:197] + "..."
+    return first + (f"; and {len(errors) - 1} more" if len(errors) > 1 else "")
+
+
+def _failed_before(syncs: list[SyncReport]) -> int:
+    """How many syncs failed in a row just before now."""
+    n = 0
+    for report in reversed(syncs):
+        if report.ok:
+            break
+        n += 1
+    return n
 
 
 def _of(services: tuple[str, ...], total: int) -> str:

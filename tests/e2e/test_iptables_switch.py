@@ -483,7 +483,7 @@ def test_run_resyncs_read_the_kernel_only_after_a_foreign_commit(ns: Netns, tmp_
     env["RECONCILER_IPTABLES_FLAVOUR"] = flavour
     with open(log, "w") as fh:
         proc = subprocess.Popen(["ip", "netns", "exec", ns.name, RECONCILER, "run", "--mode", "iptables", *FLAGS,
-                                 "--sync-period", "0.5s", "--min-sync-period", "0s", "--log-format", "json",
+                                 "--sync-period", "0.5s", "--min-sync-period", "0s", "--log-format", "json", "-v",
                                  "--healthz-bind-address", "127.0.0.1:0", "--metrics-bind-address", "127.0.0.1:0"],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env)
     try:

@@ -435,6 +435,34 @@ def test_the_kernel_is_read_at_least_hourly_and_after_a_failure() -> None:
     assert resync(d, clock).kernel_read
 
 
+def test_sync_lines_say_what_matters_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """A resync with nothing to do, every period, is a debug line; the first sync, changes,
+    recovery after failures and held-back input are info lines."""
+    def lines() -> list[tuple[str, str]]:
+        out = [(r.levelname, r.getMessage()) for r in caplog.records if r.getMessage().startswith("sync ")]
+        caplog.clear()
+        return out
+
+    d, backend, source, clock = make()
+    with caplog.at_level(logging.DEBUG, logger="reconciler.daemon"):
+        d.step()
+        assert [level for level, _ in lines()] == ["INFO"]
+        resync(d, clock)
+        assert [level for level, _ in lines()] == ["DEBUG"]
+        backend.fail = KernelError("nft: Error")
+        source.objects = web(eps=("10.244.1.12",))
+        for _ in range(2):
+            d.notify()
+            clock.advance(SYNC)
+            assert d.step().ok is False  # type: ignore[union-attr]
+        backend.fail = None
+        resync(d, clock)
+        (level, msg), = [line for line in lines() if not line[1].startswith("sync full failed")]
+        assert level == "INFO" and msg.endswith("; syncs succeed again, after 2 failed"), msg
+        resync(d, clock)
+        assert [level for level, _ in lines()] == ["DEBUG"]
+
+
 def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
     d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
     d.step()
