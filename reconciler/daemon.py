@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
-from . import conntrack, conntrack_sysctls, gcpolicy, instance_lock
+from . import __version__, conntrack, conntrack_sysctls, gcpolicy, instance_lock
 from .backends.base import KernelError
 from .config import Options
 from .config_watch import ConfigFileWatch
@@ -902,9 +902,13 @@ def run(args: argparse.Namespace, opts: Options) -> int:
         if config_watch is not None:
             config_watch.start()
         source.start()
-        log.info("service-reconciler running: mode %s, node %s, source %s, sync period %gs, min sync period %gs",
-                 opts.mode, opts.node_name, args.source, opts.sync_period, opts.min_sync_period,
-                 extra=_fields(mode=opts.mode, node=opts.node_name, source=args.source))
+        log.info("service-reconciler %s running: mode %s, node %s, source %s, sync period %gs, min sync period "
+                 "%gs, cluster CIDRs %s, service CIDRs %s, nodePort addresses %s%s", __version__, opts.mode,
+                 opts.node_name, args.source, opts.sync_period, opts.min_sync_period,
+                 ",".join(opts.cluster_cidrs) or "none", ",".join(opts.service_cidrs) or "none",
+                 ",".join(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else "all",
+                 ", masquerade all" if opts.masquerade_all else "",
+                 extra=_fields(version=__version__, mode=opts.mode, node=opts.node_name, source=args.source))
         if source.kind == "kubernetes":
             log.info("waiting for the Service, EndpointSlice and Node caches to sync")
         if not conntrack_sysctls.tune(opts, retry_later=True):  # (nf_conntrack not loaded: our rules load it)
