@@ -131,7 +131,7 @@ class ProxyHealth:
         with self._lock:
             if message is None:
                 self._last_error = self._last_error_time = None
-            else:
+            elif message != self._last_error:  # (found again by a later sync: the time it was found)
                 self._last_error = message
                 self._last_error_time = self.clock.time()
 

@@ -131,6 +131,12 @@ def test_degraded_input_keeps_healthz_200() -> None:
     assert code == 200
     assert body["degraded"] is True
     assert body["lastError"].startswith("state/web.yaml:12:7")
+    since = body["lastErrorTime"]
+    clock.advance(30)  # the same error found again (each sync): its time is when it was first found
+    h.set_input_error("state/web.yaml:12:7: spec.ports[0].port: must be 1-65535")
+    assert h.body(with_node=True)[1]["lastErrorTime"] == since
+    h.set_input_error("state/web.yaml:14:7: spec.ports[1].port: must be 1-65535")  # another one: now
+    assert h.body(with_node=True)[1]["lastErrorTime"] != since
     h.set_input_error(None)
     code, body = h.body(with_node=True)
     assert body["degraded"] is False and "lastError" not in body
