@@ -784,23 +784,23 @@ class Daemon:
         self.health.programmed()
         if self.service_health is not None:
             self.service_health.sync(desired.healthChecks)
-        held = (f"; the input has errors ({_first_error(self._input.errors)}): changes since the last valid "
-                "input are held back") if self._input.held else ""
+        suffix = (f"; the input has errors ({_first_error(self._input.errors)}): changes since the last valid "
+                  "input are held back") if self._input.held else ""
         failed = _failed_before(self.syncs)
         if failed:
-            held += f"; syncs succeed again, after {failed} failed"
+            suffix += f"; syncs succeed again, after {failed} failed"
         # a resync that found nothing to do (nor read the kernel) after one that succeeded: every
         # sync period, so at debug level (kube-proxy says nothing of it either)
         quiet = (bool(self.syncs) and not failed and report.operations == 0 and not report.kernel_read
                  and not self._input.held)
         log.log(logging.DEBUG if quiet else logging.INFO,
                 "sync %s: service ports +%d ~%d -%d%s, %d operations, %.1fms%s", report.kind, report.added,
-                 report.changed, report.removed, _of(report.services, report.services_total),
-                 report.operations, report.seconds * 1000, held,
-                 extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
-                               removed=report.removed, operations=report.operations,
-                               duration_ms=round(report.seconds * 1000, 1), services=len(desired.services),
-                               kernel_read=report.kernel_read, held_back=self._input.held))
+                report.changed, report.removed, _of(report.services, report.services_total),
+                report.operations, report.seconds * 1000, suffix,
+                extra=_fields(sync=report.kind, added=report.added, changed=report.changed,
+                              removed=report.removed, operations=report.operations,
+                              duration_ms=round(report.seconds * 1000, 1), services=len(desired.services),
+                              kernel_read=report.kernel_read, held_back=self._input.held))
         if self.after_first_sync is not None:
             hook, self.after_first_sync = self.after_first_sync, None
             hook()
