@@ -88,7 +88,9 @@ def tune(opts: Options, *, retry_later: bool = False) -> bool:
     directory = opts.conntrack_sysctl_dir or SYSCTL_DIR
     if settings and not os.path.exists(os.path.join(directory, "nf_conntrack_max")):
         if retry_later:
-            log.info("conntrack sysctls: nf_conntrack is not loaded yet; they are set after the first sync")
+            log.info("conntrack sysctls: %s; they are set after the first sync",
+                     "nf_conntrack is not loaded yet" if os.path.isdir(directory)
+                     else f"no directory {directory} yet (nf_conntrack not loaded, or the directory not mounted)")
             return False
         if not os.path.isdir(directory):  # (where --conntrack-sysctl-dir names a mount that is not there)
             log.warning("conntrack sysctls not set: no directory %s (netfilter's sysctls not loaded, or the "

@@ -39,7 +39,7 @@ import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Container, Iterable, Protocol
 
 from . import __version__, conntrack, conntrack_sysctls, gcpolicy, instance_lock
 from .backends.base import KernelError
@@ -56,17 +56,12 @@ from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.manifests import may_hold_a_node
 from .sources.objects import (
-    InputConflict, InputError, InputErrors, Location, SourceObject, in_place_order, name_some,
+    InputConflict, InputError, InputErrors, Location, SourceObject, SourceUnavailable, in_place_order, name_some,
 )
 from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot
 from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
-
-
-class _EmptySource(InputError):
-    """The source holds no object at all (see Daemon._empty_source): a failure of the source, not
-    of any object in it."""
 
 
 BIND_RETRY_SECONDS = 5.0  # a healthz or metrics address in use is retried this often (kube-proxy's)
@@ -263,6 +258,8 @@ class Daemon:
         # EndpointSlice (from a build)
         self._triggers: dict[Key, list[str]] = {}
         self._seen_triggers: dict[Key, str] = {}  # a directory's slices' trigger times, as last read
+        self._gone_triggers: dict[Key, str] = {}  # (those of the slices the last build removed)
+        self._failed_in_a_row = 0  # syncs that failed since the last one that succeeded
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
@@ -370,7 +367,7 @@ class Daemon:
             snap = self._snapshot()
         except Exception as exc:  # noqa: BLE001 - a source failure is an input problem, never a wipe
             log.exception("reading the source failed")
-            self._input_failed([f"source: {exc}"], sources=1)
+            self._input_failed([f"source: {exc}"], source_failures={f"source: {exc}"})
             return
         if getattr(snap, "stopped", False) or (not snap.changed and self.desired is not None
                                                and not self._input.errors):
@@ -396,7 +393,8 @@ class Daemon:
             errors += object_errors(self._pending.added.values())
         errors = in_place_order([*skipped, *errors])
         if errors and desired is None:
-            self._input_failed([str(e) for e in errors], sources=sum(isinstance(e, _EmptySource) for e in errors))
+            self._input_failed([str(e) for e in errors],
+                               source_failures={str(e) for e in errors if isinstance(e, SourceUnavailable)})
             if self.desired is None and snap.changed:
                 self._health_checks_before_first_sync(errors)
             return
@@ -500,7 +498,7 @@ class Daemon:
         again and not checked out yet, an emptied branch) is taken for a mistake: applied, it
         would remove every service port of ours."""
         root = getattr(self.source, "root", "source")
-        return _EmptySource(Location(root), "no Service, EndpointSlice or Node in it: taken for a mistake "
+        return SourceUnavailable(Location(root), "no Service, EndpointSlice or Node in it: taken for a mistake "
                           "(a wrong --source, a checkout not done yet), not applied; `reconciler cleanup` "
                           "removes every service port of ours")
 
@@ -570,10 +568,10 @@ class Daemon:
                 current = [o for o in current if id(o) not in bad_ids]
         return None, all_errors, excluded
 
-    def _input_failed(self, messages: list[str], kept: bool = True, sources: int = 0) -> None:
-        """Input that cannot be programmed: `messages`, of which `sources` are the source's own
-        failure (it could not be read; a directory holding no object: reason=source), the rest
-        invalid objects (reason=invalid)."""
+    def _input_failed(self, messages: list[str], kept: bool = True, source_failures: Container[str] = ()) -> None:
+        """Input that cannot be programmed: `messages`, those in `source_failures` the source's
+        own (it could not be read, its directory is gone or holds no object: reason=source), the
+        rest invalid objects (reason=invalid)."""
         key = tuple(messages)
         if key != self._input.errors:
             new = [m for m in messages if m not in self._input.errors]
@@ -581,9 +579,9 @@ class Daemon:
                     else "nothing applied yet: the kernel is left as it is")
             for m in messages:
                 log.error("invalid input (%s): %s", what, m, extra=_fields(error=m))
-            source_failures = min(sources, len(new))
-            self.metrics.source_errors.labels("source").inc(source_failures)
-            self.metrics.source_errors.labels("invalid").inc(len(new) - source_failures)
+            failed = sum(m in source_failures for m in new)
+            self.metrics.source_errors.labels("source").inc(failed)
+            self.metrics.source_errors.labels("invalid").inc(len(new) - failed)
             self._input.errors = key
         self._input.held = kept
         summary = messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else "")
@@ -609,11 +607,15 @@ class Daemon:
         object in it (or a touch) brings its slices back unchanged, and the time their last change
         was triggered at marks no new change."""
         seen = self._seen_triggers
-        before = {o.key: seen.pop(o.key) for o in removed if o.kind == "EndpointSlice" and o.key in seen}
+        # (a slice gone in one build and back in the next, a file caught while rewritten: the
+        # same change still)
+        gone = {o.key: seen.pop(o.key) for o in removed if o.kind == "EndpointSlice" and o.key in seen}
+        before = {**self._gone_triggers, **gone}
         for key, values in trigger_times(added).items():
             if before.get(key) != values[0]:
                 self._triggers[key] = values
             seen[key] = values[0]
+        self._gone_triggers = {k: v for k, v in gone.items() if k not in seen}
 
     def _count_changes(self, added: list[SourceObject], removed: list[SourceObject]) -> None:
         """Count changed Services and EndpointSlices (an update is one removal plus one addition)."""
@@ -660,6 +662,7 @@ class Daemon:
     def _remember(self, report: SyncReport) -> SyncReport:
         self.syncs.append(report)
         del self.syncs[:-50]
+        self._failed_in_a_row = 0 if report.ok else self._failed_in_a_row + 1
         return report
 
     def _sync_kernel(self, full: bool, start: float) -> SyncReport:
@@ -786,7 +789,7 @@ class Daemon:
             self.service_health.sync(desired.healthChecks)
         suffix = (f"; the input has errors ({_first_error(self._input.errors)}): changes since the last valid "
                   "input are held back") if self._input.held else ""
-        failed = _failed_before(self.syncs)
+        failed = self._failed_in_a_row  # (before this sync: it is remembered after)
         if failed:
             suffix += f"; syncs succeed again, after {failed} failed"
         # a resync that found nothing to do (nor read the kernel) after one that succeeded: every
@@ -819,16 +822,6 @@ def _first_error(errors: tuple[str, ...]) -> str:
     first = errors[0] if errors else "logged before"
     first = first if len(first) <= 200 else first[:197] + "..."
     return first + (f"; and {len(errors) - 1} more" if len(errors) > 1 else "")
-
-
-def _failed_before(syncs: list[SyncReport]) -> int:
-    """How many syncs failed in a row just before now."""
-    n = 0
-    for report in reversed(syncs):
-        if report.ok:
-            break
-        n += 1
-    return n
 
 
 def _of(services: tuple[str, ...], total: int) -> str:

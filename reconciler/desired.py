@@ -21,7 +21,7 @@ from .sources.objects import (
 )
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
-    ServicePortFamily, TrafficPath,
+    ServicePortFamily, TrafficPath, family_name,
 )
 from .topology import EndpointInfo, categorize_endpoints
 
@@ -403,8 +403,8 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         for where, ip in placed:
             if ip_family(ip) not in cluster_ips:
                 r.warn(where, f"{ip} is of a family this Service has no clusterIP of "
-                              f"({', '.join(f'IPv{f[-1]}' for f in cluster_ips)} only): not programmed, as kube-proxy "
-                              "does not")
+                              f"({', '.join(family_name(f) for f in cluster_ips)} only): not programmed, as "
+                              "kube-proxy does not")
 
     ranges: dict[Family, list[str]] = defaultdict(list)
     try:
@@ -467,9 +467,6 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     )
 
 
-_IP_FAMILIES = {"IPv4": "ipv4", "IPv6": "ipv6"}
-
-
 def _check_ip_families(r: _Reader, ips: list[Any]) -> None:
     """spec.ipFamilies, when given, names the family of each clusterIP in order (the API server
     refuses a Service where it does not, and kube-proxy reads a family's clusterIP by its index
@@ -479,12 +476,12 @@ def _check_ip_families(r: _Reader, ips: list[Any]) -> None:
         raise r.error(("spec", "ipFamilies"), f"at most two families (IPv4, IPv6), got {len(families)}")
     for i, family in enumerate(families):
         path: Path = ("spec", "ipFamilies", i)
-        name = r.enum(path, tuple(_IP_FAMILIES), "")
+        name = r.enum(path, tuple(_ADDRESS_TYPES), "")
         if families.index(family) != i:
             raise r.error(path, f"{name} is listed twice")
         if i < len(ips) and isinstance(ips[i], str):
             ip = normalize_ip(ips[i])
-            if ip is not None and ip_family(ip) != _IP_FAMILIES[name]:
+            if ip is not None and ip_family(ip) != _ADDRESS_TYPES[name]:
                 raise r.error(path, f"{name} is not the family of clusterIPs[{i}] ({ips[i]})")
 
 

@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from socketserver import TCPServer
 from typing import Any, Callable, Iterable, Sequence
 
-from .state import Family, HealthCheck
+from .state import Family, HealthCheck, family_name
 
 log = logging.getLogger(__name__)
 
@@ -439,7 +439,7 @@ class _ServiceEntry:
 def describe_counts(check: HealthCheck) -> str:
     """'2 local endpoints', or per family: 'local endpoints: IPv4 1, IPv6 0'."""
     if len(check.byFamily) > 1:
-        return "local endpoints: " + ", ".join(f"IPv{family[-1]} {n}" for family, n in check.byFamily)
+        return "local endpoints: " + ", ".join(f"{family_name(family)} {n}" for family, n in check.byFamily)
     return f"{check.localEndpoints} local endpoint{'s' if check.localEndpoints != 1 else ''}"
 
 

@@ -18,6 +18,13 @@ API_VERSION = "reconciler.service-reconciler.io/v1alpha1"
 KIND = "DesiredState"
 
 Family = Literal["ipv4", "ipv6"]
+
+
+def family_name(family: Family) -> str:
+    """'IPv4' / 'IPv6', as the API writes a family."""
+    return "IPv4" if family == "ipv4" else "IPv6"
+
+
 FAMILIES: tuple[Family, ...] = ("ipv4", "ipv6")
 Protocol = Literal["TCP", "UDP", "SCTP"]
 Verdict = Literal["forward", "reject", "drop"]

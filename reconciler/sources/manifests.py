@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import fastyaml
-from .objects import KINDS, InputError, InputErrors, InputWarning, Location, Path, SourceObject
+from .objects import KINDS, InputError, InputErrors, InputWarning, Location, Path, SourceObject, SourceUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def manifest_files(root: str | os.PathLike[str], linked_dirs: list[str] | None =
     if root_path.is_file():
         return [str(root_path)]
     if not root_path.is_dir():
-        raise InputError(Location(str(root_path)), "no such directory")
+        raise SourceUnavailable(Location(str(root_path)), "no such directory")
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root_path):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

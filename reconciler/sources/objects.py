@@ -108,6 +108,11 @@ class InputError(Exception):
         return diagnostic(self.location, self.path, self.message)
 
 
+class SourceUnavailable(InputError):
+    """The source itself cannot be used (its directory is gone, or holds no object at all): a
+    failure of the source, not of an object in it."""
+
+
 class InputWarning(str):
     """A warning about the input, as its text ('state/web.yaml:12:7: spec.ports[0].nodePort: ...';
     without a place, the message alone), which also keeps its parts for to_dict()."""

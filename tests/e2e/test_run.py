@@ -264,8 +264,9 @@ def test_broken_file_keeps_traffic_and_is_reported(lab: Lab, running: Running) -
         errors = running.logged(r"^invalid input .*zz-broken\.yaml:10:5: spec\.ports\[0\]\.port")
         assert errors and errors[-1]["level"] == "error"
         # (and each sync holding changes back names it)
-        held = running.logged(r"^sync .*zz-broken\.yaml:10:5: .*: changes since the last valid input are held back")
-        assert all(rec["level"] == "info" for rec in held)
+        pattern = r"^sync .*zz-broken\.yaml:10:5: .*: changes since the last valid input are held back"
+        wait_for(lambda: running.logged(pattern), timeout=5, interval=0.1, what="a sync holding changes back")
+        assert all(rec["level"] == "info" for rec in running.logged(pattern))
         assert serving(lab) == {"pod1", "pod2", "pod3"}  # the last good state stays
         code, _, body = http_get(lab, "node", f"http://{HEALTHZ}/healthz")
         health = json.loads(body)

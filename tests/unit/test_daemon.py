@@ -33,7 +33,7 @@ from reconciler.backends.generation import next_generation
 from reconciler.health import FakeClock, rfc3339
 from reconciler.sources import watch as watch_mod
 from reconciler.sources.kubernetes import ChangeLog
-from reconciler.sources.objects import InputError, Location, SourceObject
+from reconciler.sources.objects import InputError, Location, SourceObject, SourceUnavailable
 from reconciler.sources.watch import DirectorySource, Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -913,6 +913,7 @@ def test_directory_errors_and_duplicates(tmp_path: Path) -> None:
     shutil.rmtree(tmp_path)
     snap = src.snapshot()
     assert snap.errors and "no such directory" in str(snap.errors[0])
+    assert isinstance(snap.errors[0], SourceUnavailable)  # (counted as reason=source, not invalid)
 
 
 def directory_daemon(tmp_path: Path, backend: FakeBackend | None = None) -> tuple[Daemon, FakeBackend, FakeClock]:
@@ -1083,6 +1084,11 @@ def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, capl
     # a failure of the source (a wrong or emptied directory), not an invalid object
     assert value(d, "reconciler_source_errors_total", {"reason": "source"}) == 1
     assert value(d, "reconciler_source_errors_total", {"reason": "invalid"}) == 0
+    (tmp_path / "c.yaml").write_text("kind: [")  # an invalid file beside it: counted as such
+    next_sync(d, clock)
+    assert value(d, "reconciler_source_errors_total", {"reason": "source"}) == 1
+    assert value(d, "reconciler_source_errors_total", {"reason": "invalid"}) == 1
+    (tmp_path / "c.yaml").unlink()
     (tmp_path / "b.yaml").write_text(SVC_YAML.format(name="b", ip="10.96.0.11", port=80))  # (the checkout done)
     next_sync(d, clock)
     assert list(backend.kernel) == ["default/b:http/TCP"] and "lastError" not in d.health.body(True)[1]

@@ -179,6 +179,14 @@ def test_affinity_timeouts_are_written_as_nft_prints_them(seconds, text):
     assert nft_duration(seconds) == text and duration_seconds(text) == seconds
 
 
+def test_a_timeout_flag_alone_reads_as_dynamic():
+    """Older nft list a dynamic set with timeouts as `flags timeout` alone: it is still the set
+    render writes (`flags dynamic,timeout`), not one to recreate at every read."""
+    doc = "table ip t {\n\tset aff-x {\n\t\ttype ipv4_addr\n\t\tsize 65535\n\t\tflags timeout\n\t}\n}\n"
+    s = parse_table(doc, "ip", "t").sets["aff-x"]
+    assert s.flags == ("dynamic", "timeout") and s.dynamic and s.timeout is None
+
+
 def test_an_affinity_set_of_an_earlier_version_is_still_read_in_service_terms():
     """Earlier versions put the timeout on the set (`timeout 10m`, `update @aff { ip saddr }`):
     a plan against such a kernel still reads its affinity (then moves it to the entries)."""

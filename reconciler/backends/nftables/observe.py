@@ -170,8 +170,8 @@ def _parse_set(name: str, body: list[str], is_map: bool) -> NftSet:
                 m = _ELEMENT.fullmatch(item)  # (any item matches: the key takes what is left)
                 if m:
                     elements[m["key"]] = (m["value"] if is_map else None, m["comment"])
-    if timeout is not None and "dynamic" not in flags:
-        flags = ["dynamic", *flags]  # timeout implies it (older nft leave it out)
+    if (timeout is not None or "timeout" in flags) and "dynamic" not in flags:
+        flags = ["dynamic", *flags]  # timeouts imply it (older nft leave it out)
     return NftSet(name=name, key_type=key_type, value_type=value_type,
                   flags=tuple(sorted(flags, key=lambda f: _FLAG_ORDER.get(f, 9))), timeout=timeout,
                   elements={} if "dynamic" in flags else elements)
