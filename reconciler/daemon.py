@@ -585,7 +585,7 @@ class Daemon:
             self._input.errors = key
         self._input.held = kept
         summary = messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else "")
-        self.health.set_input_error(summary)
+        self.health.set_input_error(summary, first=messages[0])
         self.metrics.degraded.set(1)
 
     def _input_ok(self) -> None:

@@ -107,6 +107,7 @@ class ProxyHealth:
         self._oldest_pending: float | None = None  # monotonic
         self._last_error: str | None = None
         self._last_error_time: float | None = None
+        self._first_error: str | None = None  # (see set_input_error)
         self._programmed: float | None = None  # wall time of the first sync that programmed the kernel
 
     def queued_update(self) -> None:
@@ -127,13 +128,16 @@ class ProxyHealth:
             if self._programmed is None:
                 self._programmed = self._last_updated
 
-    def set_input_error(self, message: str | None) -> None:
+    def set_input_error(self, message: str | None, first: str | None = None) -> None:
+        """The input's errors (None: valid again), as `message`; their time stays while the first
+        of them (`first`, else the message) is the same one, found again by later syncs."""
         with self._lock:
             if message is None:
-                self._last_error = self._last_error_time = None
-            elif message != self._last_error:  # (found again by a later sync: the time it was found)
-                self._last_error = message
+                self._last_error = self._last_error_time = self._first_error = None
+                return
+            if (first or message) != self._first_error:
                 self._last_error_time = self.clock.time()
+            self._last_error, self._first_error = message, first or message
 
     @property
     def healthy(self) -> bool:

@@ -135,6 +135,9 @@ def test_degraded_input_keeps_healthz_200() -> None:
     clock.advance(30)  # the same error found again (each sync): its time is when it was first found
     h.set_input_error("state/web.yaml:12:7: spec.ports[0].port: must be 1-65535")
     assert h.body(with_node=True)[1]["lastErrorTime"] == since
+    h.set_input_error("state/web.yaml:12:7: spec.ports[0].port: must be 1-65535 (and 1 more)",
+                      first="state/web.yaml:12:7: spec.ports[0].port: must be 1-65535")  # one more beside it
+    assert h.body(with_node=True)[1]["lastErrorTime"] == since
     h.set_input_error("state/web.yaml:14:7: spec.ports[1].port: must be 1-65535")  # another one: now
     assert h.body(with_node=True)[1]["lastErrorTime"] != since
     h.set_input_error(None)
