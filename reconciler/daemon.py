@@ -175,6 +175,11 @@ class KubeSource:
         """API errors so far (list/watch failures, each retried by the informer)."""
         return self.source.counters.get("errors", 0)
 
+    @property
+    def requests(self) -> tuple[str, dict[str, int]]:
+        """(API server host, requests so far by status code): see KubernetesSource.requests."""
+        return self.source.host, self.source.requests
+
 
 # ----------------------------------------------------------------------------------------------
 # The loop
@@ -263,6 +268,7 @@ class Daemon:
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
+        self._requests_seen: dict[str, int] = {}  # (see _poll_source_errors)
         self._kernel_holds_ours: bool | None = None  # (unknown until needed, see _may_start_...)
         self.after_first_sync: Callable[[], Any] | None = None  # called once, after the first applied sync
         self.syncs: list[SyncReport] = []  # recent reports (tests, debugging)
@@ -338,6 +344,14 @@ class Daemon:
         if isinstance(n, int) and n > self._source_errors_seen:
             self.metrics.source_errors.labels("source").inc(n - self._source_errors_seen)
             self._source_errors_seen = n
+        requests = getattr(self.source, "requests", None)
+        if requests is not None:  # (the API's: client-go's rest_client_requests_total)
+            host, counts = requests
+            for code, total in counts.items():
+                seen = self._requests_seen.get(code, 0)
+                if total > seen:
+                    self.metrics.rest_requests.labels(code, host, "GET").inc(total - seen)
+                    self._requests_seen[code] = total
 
     # -- input -------------------------------------------------------------------------------
 

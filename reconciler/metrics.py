@@ -134,6 +134,9 @@ class Metrics:
             "reconciler_kernel_reads_skipped_total",
             "Full resyncs that did not read the kernel back: the ruleset generation had not moved "
             "since the kernel was known to hold what we applied", registry=r)
+        self.rest_requests = Counter(  # (client-go's, as kube-proxy's clients export it; the API source only)
+            "rest_client_requests_total", "Number of HTTP requests, partitioned by status code, method, and host.",
+            ["code", "host", "method"], registry=r)
         self.source_errors = Counter(
             "reconciler_source_errors_total",
             "Input errors: invalid manifests/objects (reason=invalid) or source failures (reason=source: "

@@ -201,6 +201,8 @@ class KubernetesSource:
         self._counters: dict[str, int] = dict.fromkeys(
             ("events", "bookmarks", "lists", "relists", "errors"), 0
         )
+        self._requests: dict[str, int] = {}  # HTTP status code (or "<error>") -> requests
+        self.host = urllib3.util.parse_url(api_client.configuration.host).netloc or ""
         self._changes = ChangeLog()
 
     # -- public API ------------------------------------------------------------------
@@ -276,6 +278,17 @@ class KubernetesSource:
         with self._lock:
             return dict(self._counters)
 
+    @property
+    def requests(self) -> dict[str, int]:
+        """Requests to the API server so far, by the HTTP status code they got ("<error>": none,
+        the connection failed), as client-go's rest_client_requests_total counts them."""
+        with self._lock:
+            return dict(self._requests)
+
+    def _count_request(self, code: str) -> None:
+        with self._lock:
+            self._requests[code] = self._requests.get(code, 0) + 1
+
     def resource_version(self, kind: str) -> str:
         """Last resourceVersion seen for `kind` (from a list, event or bookmark)."""
         with self._lock:
@@ -343,17 +356,23 @@ class KubernetesSource:
         if inf.field_selector:
             params["field_selector"] = inf.field_selector
         try:
-            return inf.call(
+            resp = inf.call(
                 _preload_content=False,
                 _request_timeout=(self._connect_timeout, read_timeout),
                 **params,
             )
         except ApiException as exc:
+            self._count_request(str(exc.status) if exc.status else "<error>")
             if exc.status == 410:
                 raise _Gone(str(exc)) from exc
             if exc.status not in (None, 0, 429, 500, 503, 504):  # (overloaded or failing server: watch again)
                 raise _Refused(f"HTTP {exc.status}: {exc.reason}") from exc
             raise
+        except Exception:
+            self._count_request("<error>")
+            raise
+        self._count_request(str(getattr(resp, "status", 200)))
+        return resp
 
     def _list(self, inf: _Informer) -> None:
         try:

@@ -463,6 +463,18 @@ def test_sync_lines_say_what_matters_at_info(caplog: pytest.LogCaptureFixture) -
         assert [level for level, _ in lines()] == ["DEBUG"]
 
 
+def test_api_requests_are_exported_as_client_go_does() -> None:
+    """rest_client_requests_total{code, host, method}: what dashboards built for kube-proxy chart."""
+    d, _, source, _ = make()
+    source.requests = ("10.0.0.1:6443", {"200": 3, "<error>": 1})  # type: ignore[attr-defined]
+    d._poll_source_errors()
+    source.requests = ("10.0.0.1:6443", {"200": 5, "<error>": 1, "503": 2})  # type: ignore[attr-defined]
+    d._poll_source_errors()
+    got = {code: value(d, "rest_client_requests_total", {"code": code, "host": "10.0.0.1:6443", "method": "GET"})
+           for code in ("200", "<error>", "503")}
+    assert got == {"200": 5, "<error>": 1, "503": 2}
+
+
 def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
     d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
     d.step()

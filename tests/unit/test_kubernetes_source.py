@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import socket
 import sys
 import threading
 import time
@@ -169,6 +170,8 @@ def test_expired_continue_token_restarts_the_list(server: FakeAPIServer, make_so
     pages = [bool(q.get("continue")) for q in server.list_requests("Service")]
     assert pages == [False, True, False, True]  # page 1, 410 Expired, then a full list
     assert src.counters["errors"] == 0  # restarting the list needs no backoff
+    assert src.requests.get("410") == 1  # every request counted by its status (rest_client_requests_total)
+    assert src.host == server.url.split("://", 1)[1]
 
 
 # -- watch -------------------------------------------------------------------------------
@@ -391,6 +394,20 @@ def test_a_refused_watch_relists(make_source: Any) -> None:
         srv.create(service("late"))
         assert wait_until(lambda: "late" in names(src, "Service"))
         assert len(srv.list_requests("Service")) >= 2  # relisted (again, while the list's version is refused)
+        src.stop()
+
+
+def test_requests_that_reach_no_server_are_counted_as_errors(make_source: Any) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=f"http://127.0.0.1:{port}"))
+    src = KubernetesSource(api, NODE, backoff_initial=0.01, backoff_max=0.05, connect_timeout=0.5)
+    src.start()
+    try:
+        assert wait_until(lambda: src.requests.get("<error>", 0) >= 3), src.requests
+        assert set(src.requests) == {"<error>"}
+    finally:
         src.stop()
 
 
