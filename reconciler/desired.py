@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from . import fields
 from .sources.objects import (
     InputConflict, InputError, InputErrors, InputWarning, Location, Path, SourceObject, in_place_order,
-    name_some,
+    name_some, type_name,
 )
 from .state import (
     LOOPBACK, DesiredState, Endpoint, Family, FamilyOptions, HealthCheck, NodeInfo, PortDelta, ServicePort,
@@ -251,10 +251,9 @@ def _warn_unknown(r: _Reader, value: Any, type_: fields.Type, base: Path = ()) -
 
 
 def _tname(kind: Any) -> str:
-    names = {int: "integer", str: "string", list: "list", dict: "mapping", bool: "boolean", float: "number"}
     if isinstance(kind, tuple):
-        return " or ".join(names.get(k, k.__name__) for k in kind)
-    return names.get(kind, getattr(kind, "__name__", str(kind)))
+        return " or ".join(type_name(k) for k in kind)
+    return type_name(kind) if isinstance(kind, type) else str(kind)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,10 +327,19 @@ def _parse_service(obj: SourceObject, warnings: list[str]) -> _Service | None:
     return _read_whole(_read_service, obj, warnings)
 
 
+def _labels(r: _Reader) -> dict[str, str]:
+    """metadata.labels: a mapping of strings to strings, as the API server takes them."""
+    labels = r.typed(("metadata", "labels"), dict, {})
+    for key, value in labels.items():
+        if not isinstance(value, str) and value is not None:
+            raise r.error(("metadata", "labels", key), f"expected string, got {_tname(type(value))}")
+    return labels
+
+
 def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputError]) -> _Service | None:
     r = _Reader(obj, warnings)
     _warn_unknown(r, obj.body, fields.SERVICE)
-    labels = r.typed(("metadata", "labels"), dict, {})
+    labels = _labels(r)
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
     try:
@@ -392,6 +400,11 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
             errors.append(exc)
     lb_ips: dict[Family, list[str]] = defaultdict(list)
     if svc_type == "LoadBalancer":
+        try:  # (a status of another shape would be read as no ingress at all: its IPs dropped)
+            r.typed(("status",), dict)
+            r.typed(("status", "loadBalancer"), dict)
+        except InputError as exc:
+            errors.append(exc)
         for i, _ in enumerate(r.typed(("status", "loadBalancer", "ingress"), list, [])):
             try:
                 base = ("status", "loadBalancer", "ingress", i)
@@ -532,6 +545,8 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
 def _read_ingress(r: _Reader, base: Path, lb_ips: dict[Family, list[str]]) -> str | None:
     """One of status.loadBalancer.ingress: its IP added to lb_ips (and returned) when kube-proxy
     programs it."""
+    if not isinstance(r.get(base), dict):
+        raise r.error(base, "expected a mapping (ip, hostname, ipMode, ports)")
     mode = r.get(base + ("ipMode",))
     if mode not in (None, "VIP", "Proxy"):  # (the API server allows only these; kube-proxy skips it)
         r.warn(base + ("ipMode",), f"{mode!r} is neither VIP nor Proxy; this ingress IP is skipped, "
@@ -617,7 +632,7 @@ _PARSERS: dict[str, Callable[[SourceObject, list[str]], Any]] = {"Service": _par
 def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]) -> _Slice | None:
     r = _Reader(obj, warnings)
     _warn_unknown(r, obj.body, _SLICE)
-    labels = r.typed(("metadata", "labels"), dict, {})
+    labels = _labels(r)
     if any(k in labels for k in SKIP_LABELS):
         return None
     if r.get(("addressType",)) is None:
@@ -728,6 +743,8 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
     if not isinstance(hints, dict):
         errors.append(r.error(base + ("hints",), "expected a mapping"))
         hints = {}
+    zone_hints = _attempt(errors, _hint_names, r, hints, "forZones", base, default=_NO_HINTS)
+    node_hints = _attempt(errors, _hint_names, r, hints, "forNodes", base, default=_NO_HINTS)
     node_name = raw.get("nodeName")
     zone = raw.get("zone")
     for key, value in (("nodeName", node_name), ("zone", zone)):
@@ -739,8 +756,7 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
     zone = intern(zone) if zone else zone
     return EndpointInfo(
         ip=ip, port=port_number, ready=ready, serving=serving, terminating=terminating, node=node_name, zone=zone,
-        zoneHints=_hint_names(hints.get("forZones")) if hints else _NO_HINTS,
-        nodeHints=_hint_names(hints.get("forNodes")) if hints else _NO_HINTS,
+        zoneHints=zone_hints, nodeHints=node_hints,
     )
 
 
@@ -761,10 +777,19 @@ def _flag(r: _Reader, cond: dict[str, Any], key: str, default: bool, base: Path)
     return v
 
 
-def _hint_names(items: Any) -> frozenset[str]:
-    if not isinstance(items, list):
+def _hint_names(r: _Reader, hints: dict[str, Any], key: str, base: Path) -> frozenset[str]:
+    """hints.forZones / hints.forNodes: a list of {name: string} (the API server takes nothing
+    else; one dropped would change which endpoints are used)."""
+    items = hints.get(key)
+    if items is None:
         return _NO_HINTS
-    return frozenset(h["name"] for h in items if isinstance(h, dict) and isinstance(h.get("name"), str))
+    path = (*base, "hints", key)
+    if not isinstance(items, list):
+        raise r.error(path, f"expected a list of {{name: ...}}, got {_tname(type(items))}")
+    for i, h in enumerate(items):
+        if not isinstance(h, dict) or not isinstance(h.get("name"), str) or not h["name"]:
+            raise r.error((*path, i), "expected {name: <a non-empty string>}")
+    return frozenset(h["name"] for h in items) or _NO_HINTS
 
 
 # ---------------------------------------------------------------------------------------------
@@ -964,7 +989,7 @@ class BuildCache:
                     r = _Reader(obj, mine)
                     _warn_unknown(r, obj.body, fields.NODE)
                     if obj.name == opts.node_name:
-                        r.typed(("metadata", "labels"), dict, {})
+                        _labels(r)  # (its zone label decides topology)
                         node_obj = obj
                     parsed[id(obj)] = (None, tuple(mine))
             except InputError as exc:

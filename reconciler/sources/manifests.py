@@ -20,7 +20,9 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from . import fastyaml
-from .objects import KINDS, InputError, InputErrors, InputWarning, Location, Path, SourceObject, SourceUnavailable
+from .objects import (
+    KINDS, InputError, InputErrors, InputWarning, Location, Path, SourceObject, SourceUnavailable, type_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +51,8 @@ class _FileLocator:
             try:
                 with open(self.path, encoding="utf-8") as fh:
                     self._docs = list(YAML(typ="rt").load_all(fh))
-            except (OSError, YAMLError):
-                self._docs = []
+            except (OSError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
+                self._docs = []  # recursive loader goes, which the first parse took: no line, then)
         return self._docs
 
     def locate(self, doc_index: int, item_path: Path, path: Path) -> Location:
@@ -159,24 +161,48 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
     """The documents of one file (InputError naming the place of a syntax error)."""
     try:
         with open(path, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
-            text = fh.read().decode("utf-8")
+            raw = fh.read()
+        text = raw.decode("utf-8")
         if "\r" in text:  # newlines as text mode reads them (the fast YAML path wants "\n")
             text = text.replace("\r\n", "\n").replace("\r", "\n")
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
+    except UnicodeDecodeError as exc:  # (named by line and column, not by the byte's offset)
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1
+        loc = Location(path, raw.count(b"\n", 0, exc.start) + 1, column)
+        raise InputError(loc, f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): manifests are read as UTF-8, as kubectl "
+                              "reads them") from exc
     try:
         if path.endswith(".json"):
             text = text.removeprefix("\ufeff")  # a byte order mark, as YAML files may have too
-            return [json.loads(text)] if text.strip() else []
+            try:
+                return [json.loads(text, object_pairs_hook=_unique_keys)] if text.strip() else []
+            except _DuplicateKey:  # (the YAML reader, which JSON is a part of, names its place)
+                return _load_yaml(text, share_keys)
         return _load_yaml(text, share_keys)
     except json.JSONDecodeError as exc:
         raise InputError(Location(path, exc.lineno, exc.colno), f"invalid JSON: {exc.msg}") from exc
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         loc = Location(path, mark.line + 1, mark.column + 1) if mark else Location(path)
-        raise InputError(loc, f"invalid YAML: {exc.problem or exc.context}") from exc
+        what = "JSON" if path.endswith(".json") else "YAML"
+        raise InputError(loc, f"invalid {what}: {exc.problem or exc.context}") from exc
     except YAMLError as exc:
         raise InputError(Location(path), f"invalid YAML: {exc}") from exc
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when a key is in it twice (json.loads keeps the last one; the API
+    server and kubectl refuse it, as the YAML reader here does)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise _DuplicateKey
+    return out
 
 
 def _load_yaml(text: str, share_keys: bool = False) -> list[Any]:
@@ -216,30 +242,38 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
         return locator.locate(doc_index, _ip, p)
 
     if not isinstance(obj, dict):
-        raise InputError(locate(()), f"expected a Kubernetes object (a mapping), got {type(obj).__name__}")
+        raise InputError(locate(()), f"expected a Kubernetes object (a mapping), got {type_name(type(obj))}")
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     for key, value in (("apiVersion", api_version), ("kind", kind)):
         if value is not None and not isinstance(value, str):
-            raise InputError(locate((key,)), f"expected string, got {type(value).__name__}", (key,))
+            raise InputError(locate((key,)), f"expected string, got {type_name(type(value))}", (key,))
     if kind in _IGNORED_QUIETLY:
         return
     if (api_version, kind) not in _ACCEPTED:
         if kind in KINDS:
-            raise InputError(locate(("apiVersion",)), f"unsupported apiVersion {api_version!r} for {kind}",
-                             ("apiVersion",))
-        what = (f"unsupported kind {api_version}/{kind}" if api_version is not None or kind is not None
+            expected = " or ".join(sorted(v for v, k in _ACCEPTED if k == kind))
+            if api_version is None:
+                raise InputError(locate(()), f"{kind} without apiVersion (expected {expected})", ("apiVersion",))
+            raise InputError(locate(("apiVersion",)), f"unsupported apiVersion {api_version!r} for {kind} "
+                             f"(expected {expected})", ("apiVersion",))
+        what = (f"unsupported kind {api_version}/{kind}" if api_version is not None and kind is not None
+                else f"a document with apiVersion {api_version} and no kind" if api_version is not None
+                else f"kind {kind} without apiVersion" if kind is not None
                 else "a document without apiVersion and kind (no Kubernetes object)")
         result.warnings.append(InputWarning(locate(()), f"skipping {what}"))
         return
     meta = obj.get("metadata")
+    if meta is not None and not isinstance(meta, dict):
+        raise InputError(locate(("metadata",)), f"expected a mapping, got {type_name(type(meta))}", ("metadata",))
     if isinstance(meta, dict) and meta.get("name") is not None and not isinstance(meta["name"], str):
-        raise InputError(locate(("metadata", "name")), f"expected string, got {type(meta['name']).__name__}",
+        raise InputError(locate(("metadata", "name")), f"expected string, got {type_name(type(meta['name']))}",
                          ("metadata", "name"))
     if not isinstance(meta, dict) or not isinstance(meta.get("name"), str) or not meta["name"]:
         raise InputError(locate(("metadata",)), "is required", ("metadata", "name"))
     namespace = "" if kind == "Node" else meta.get("namespace") or "default"
     if not isinstance(namespace, str):
-        raise InputError(locate(("metadata", "namespace")), "must be a string", ("metadata", "namespace"))
+        raise InputError(locate(("metadata", "namespace")), f"expected string, got {type_name(type(namespace))}",
+                         ("metadata", "namespace"))
     result.objects.append(SourceObject(kind, namespace, meta["name"], obj, Location(path), locate))
 
 

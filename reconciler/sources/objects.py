@@ -94,6 +94,15 @@ class SourceObject:
         return self.locate(path)
 
 
+_TYPE_NAMES = {int: "integer", str: "string", list: "list", dict: "mapping", bool: "boolean", float: "number",
+               type(None): "null"}
+
+
+def type_name(kind: type) -> str:
+    """A value's type as the input speaks of it: 'integer', 'mapping', ... (not Python's names)."""
+    return _TYPE_NAMES.get(kind, kind.__name__)
+
+
 class InputError(Exception):
     """Bad input, named by place and field: 'state/web.yaml:12:7: spec.ports[0].port: must be 1-65535'."""
 

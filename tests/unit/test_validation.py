@@ -151,6 +151,65 @@ def test_a_duplicate_key_is_an_error_at_its_line(tmp_path):
     assert 'svc.yaml:12:7: invalid YAML: found duplicate key "port"' in errors_for(tmp_path, text)
 
 
+def all_errors(tmp_path) -> str:
+    """Every error of the directory, as `validate` reports them (files that do not parse too)."""
+    try:
+        loaded = load_directory(tmp_path)
+    except InputErrors as exc:
+        return str(exc)
+    with pytest.raises(InputErrors) as exc:
+        build_desired_state(loaded.objects, BuildOptions("node-a"))
+    return str(exc.value)
+
+
+SLICE = """---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints:
+  - addresses: [10.244.1.5]
+    hints: {forZones: [zone-a]}
+"""
+
+
+def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
+    """Each of these was read without a word (or with a traceback): what the API server refuses
+    is an error naming its place, and nothing is silently dropped."""
+    base = BASE.format(ip="10.96.0.1", port=80, proto="TCP")
+    # an endpoint's hints that are not {name: ...}: dropping them changed which endpoints are used
+    msg = errors_for(tmp_path, base + SLICE)
+    assert "svc.yaml:20:24: endpoints[0].hints.forZones[0]: expected {name: <a non-empty string>}" in msg
+    # a load balancer status of another shape: its IPs were dropped
+    lb = base.replace("spec:\n", "spec:\n  type: LoadBalancer\n").replace("      protocol: TCP", "      protocol: TCP\n      nodePort: 30080")
+    msg = errors_for(tmp_path, lb + 'status: {loadBalancer: {ingress: ["172.30.1.10"]}}\n')
+    assert "svc.yaml:14:35: status.loadBalancer.ingress[0]: expected a mapping (ip, hostname, ipMode, ports)" in msg
+    assert "status: expected mapping, got string" in errors_for(tmp_path, lb + "status: up\n")
+    # a label that is no string (the Node's zone label became the zone "['a']")
+    node = ("apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\n  labels:\n"
+            "    topology.kubernetes.io/zone: [a]\n")
+    msg = errors_for(tmp_path, base + "---\n" + node)
+    assert "metadata.labels.topology.kubernetes.io/zone: expected string, got list" in msg
+    # nesting deeper than the locating re-read goes: the error, without its line (it was a traceback)
+    deep = base.replace("spec:\n", "spec:\n  selector: {app: " + "[" * 300 + "]" * 300 + "}\n")
+    assert "svc.yaml: spec.ports[0].port: port 70000 out of range" in errors_for(tmp_path, deep.replace("port: 80", "port: 70000"))
+    # metadata of another shape, and type names as the input speaks of them
+    assert "svc.yaml:3:1: metadata: expected a mapping, got string" in errors_for(tmp_path, base.replace(
+        "metadata:\n  name: web\n  namespace: default\n", "metadata: web\n"))
+    os.unlink(os.path.join(tmp_path, "svc.yaml"))
+    # a JSON object with a key twice: refused at its place, as in YAML (json kept the last one)
+    with open(os.path.join(tmp_path, "svc.json"), "w") as fh:
+        fh.write('{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},\n'
+                 ' "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "http", "port": 80, "port": 81}]}}\n')
+    assert 'svc.json:2:76: invalid JSON: found duplicate key "port"' in all_errors(tmp_path)
+    os.unlink(os.path.join(tmp_path, "svc.json"))
+    # bytes that are no UTF-8: named by line and column, not by a codec's offset
+    with open(os.path.join(tmp_path, "svc.yaml"), "wb") as fh:
+        fh.write(b"apiVersion: v1\nkind: Service\nmetadata: {name: w\xffb}\n")
+    assert "svc.yaml:3:19: not UTF-8 text (byte 0xff)" in all_errors(tmp_path)
+
+
 def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
     base = BASE.format(ip="10.96.0.1", port=80, proto="TCP")
     msg = errors_for(tmp_path, base.replace("      protocol: TCP", "      protocol: TCP\n      nodePort: 30080"))
