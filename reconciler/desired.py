@@ -674,7 +674,9 @@ def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]
         # what is wrong
         ep = None
         if type(raw) is dict and "hints" not in raw:
-            addrs, cond = raw.get("addresses"), raw.get("conditions") or _NO_CONDITIONS
+            addrs, cond = raw.get("addresses"), raw.get("conditions")
+            if cond is None or cond == {}:  # (not `or`: `conditions: 0` is no mapping, not "none")
+                cond = _NO_CONDITIONS
             node_name, zone = raw.get("nodeName"), raw.get("zone")
             if (type(addrs) is list and len(addrs) == 1 and type(addrs[0]) is str and type(cond) is dict
                     and (node_name is None or type(node_name) is str) and (zone is None or type(zone) is str)
@@ -732,14 +734,16 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
     ip = _attempt(errors, _address, r, base + ("addresses", 0), addrs[0], family, addr_type)  # (the first only
     for j in range(1, len(addrs)):  # is used; the others must still be of the slice's type)
         _attempt(errors, _address, r, base + ("addresses", j), addrs[j], family, addr_type)
-    cond = raw.get("conditions") or {}
+    cond = raw.get("conditions")
+    cond = {} if cond is None else cond
     if not isinstance(cond, dict):
         errors.append(r.error(base + ("conditions",), "expected a mapping"))
         cond = {}
     ready = _attempt(errors, _flag, r, cond, "ready", True, base)
     serving = _attempt(errors, _flag, r, cond, "serving", True, base)  # unset: serving, as kube-proxy reads it
     terminating = _attempt(errors, _flag, r, cond, "terminating", False, base)
-    hints = raw.get("hints") or {}
+    hints = raw.get("hints")
+    hints = {} if hints is None else hints
     if not isinstance(hints, dict):
         errors.append(r.error(base + ("hints",), "expected a mapping"))
         hints = {}

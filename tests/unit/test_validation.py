@@ -181,6 +181,12 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
     # an endpoint's hints that are not {name: ...}: dropping them changed which endpoints are used
     msg = errors_for(tmp_path, base + SLICE)
     assert "svc.yaml:20:24: endpoints[0].hints.forZones[0]: expected {name: <a non-empty string>}" in msg
+    # conditions or hints that are falsy but no mapping (0, "", []): errors, not "none given" (ready)
+    for value in ("0", "''", "[]"):
+        msg = errors_for(tmp_path, base + SLICE.replace("hints: {forZones: [zone-a]}", f"conditions: {value}"))
+        assert "svc.yaml:20:5: endpoints[0].conditions: expected a mapping" in msg, value
+        msg = errors_for(tmp_path, base + SLICE.replace("hints: {forZones: [zone-a]}", f"hints: {value}"))
+        assert "svc.yaml:20:5: endpoints[0].hints: expected a mapping" in msg, value
     # a load balancer status of another shape: its IPs were dropped
     lb = base.replace("spec:\n", "spec:\n  type: LoadBalancer\n").replace("      protocol: TCP", "      protocol: TCP\n      nodePort: 30080")
     msg = errors_for(tmp_path, lb + 'status: {loadBalancer: {ingress: ["172.30.1.10"]}}\n')
