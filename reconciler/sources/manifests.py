@@ -309,6 +309,10 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
                 raise InputError(locate(()), f"{kind} without apiVersion (expected {expected})", ("apiVersion",))
             raise InputError(locate(("apiVersion",)), f"unsupported apiVersion {api_version!r} for {kind} "
                              f"(expected {expected})", ("apiVersion",))
+        proper = next((k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()), None)
+        if proper is not None:  # (skipped with a warning, a Service written `kind: service` went unnoticed)
+            raise InputError(locate(("kind",)), f"unknown kind {kind!r}: kinds are case-sensitive (did you mean "
+                             f"{proper}?)", ("kind",))
         what = (f"unsupported kind {api_version}/{kind}" if api_version is not None and kind is not None
                 else f"a document with apiVersion {api_version} and no kind" if api_version is not None
                 else f"kind {kind} without apiVersion" if kind is not None

@@ -203,6 +203,11 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
     # metadata of another shape, and type names as the input speaks of them
     assert "svc.yaml:3:1: metadata: expected a mapping, got string" in errors_for(tmp_path, base.replace(
         "metadata:\n  name: web\n  namespace: default\n", "metadata: web\n"))
+    # a kind in the wrong case: the API server refuses it (it was skipped with a warning)
+    with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
+        fh.write(base.replace("kind: Service", "kind: service"))
+    msg = all_errors(tmp_path)
+    assert "svc.yaml:2:1: kind: unknown kind 'service': kinds are case-sensitive (did you mean Service?)" in msg
     os.unlink(os.path.join(tmp_path, "svc.yaml"))
     # a JSON object with a key twice: refused at its place, as in YAML (json kept the last one)
     with open(os.path.join(tmp_path, "svc.json"), "w") as fh:
