@@ -394,6 +394,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     for i, _ in enumerate(r.typed(("spec", "externalIPs"), list, [])):
         try:
             ip = r.ip(("spec", "externalIPs", i))
+            _not_special(r, ("spec", "externalIPs", i), ip)
             external_ips[ip_family(ip)].append(ip)
             placed.append((("spec", "externalIPs", i), ip))
         except InputError as exc:
@@ -693,8 +694,10 @@ def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]
                 if ((ready is None or type(ready) is bool) and (serving is None or type(serving) is bool)
                         and (terminating is None or type(terminating) is bool)):
                     try:
-                        packed = socket.inet_pton(af, addrs[0])  # (an IPv4-mapped one: _endpoint)
-                        ip = None if v6 and packed[:12] == _V4_MAPPED else socket.inet_ntop(af, packed)
+                        packed = socket.inet_pton(af, addrs[0])  # (an IPv4-mapped one, or one that may
+                        # be special: _endpoint)
+                        ip = (None if (v6 and packed[:12] == _V4_MAPPED) or packed[0] in _MAYBE_SPECIAL
+                              else socket.inet_ntop(af, packed))
                     except (OSError, ValueError):
                         ip = None
                     if ip is not None:
@@ -765,11 +768,32 @@ def _endpoint(r: _Reader, raw: Any, i: int, family: Family, addr_type: str, port
 
 
 def _address(r: _Reader, path: Path, text: Any, family: Family, addr_type: str) -> str:
-    """An endpoint address, which must be of the slice's family (as kube-proxy reads it)."""
+    """An endpoint address, which must be of the slice's family (as kube-proxy reads it) and no
+    special one (as the API server requires)."""
     ip = r.ip(path, text)
     if ip_family(ip) != family:
         raise r.error(path, f"{ip if ip == text else f'{text!r}, read as {ip},'} is not an {addr_type} address")
+    _not_special(r, path, ip)
     return ip
+
+
+# first bytes of the addresses _not_special() may refuse (0/8, 127/8, 169.254/16, 224.0.0/24; ::,
+# ::1, fe80::/10, ff02::/16): the usual endpoint's address is decided without a look at it
+_MAYBE_SPECIAL = frozenset((0, 127, 169, 224, 0xfe, 0xff))
+_LINK_LOCAL_MULTICAST = (ipaddress.ip_network("224.0.0.0/24"), ipaddress.ip_network("ff02::/16"))
+
+
+def _not_special(r: _Reader, path: Path, ip: str) -> None:
+    """An endpoint address or externalIP is none of those the API server refuses there
+    (ValidateNonSpecialIP): unspecified, loopback, link-local, link-local multicast."""
+    a = ipaddress.ip_address(ip)
+    reason = ("unspecified (0.0.0.0, ::)" if a.is_unspecified
+              else "in the loopback range (127.0.0.0/8, ::1/128)" if a.is_loopback
+              else "in the link-local range (169.254.0.0/16, fe80::/10)" if a.is_link_local
+              else "in the link-local multicast range (224.0.0.0/24, ff02::/16)"
+              if any(a in n for n in _LINK_LOCAL_MULTICAST if n.version == a.version) else None)
+    if reason is not None:
+        raise r.error(path, f"{ip} may not be {reason}, as the API server requires")
 
 
 def _flag(r: _Reader, cond: dict[str, Any], key: str, default: bool, base: Path) -> bool:

@@ -181,6 +181,13 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
     # an endpoint's hints that are not {name: ...}: dropping them changed which endpoints are used
     msg = errors_for(tmp_path, base + SLICE)
     assert "svc.yaml:20:24: endpoints[0].hints.forZones[0]: expected {name: <a non-empty string>}" in msg
+    # addresses the API server refuses as endpoints and externalIPs (ValidateNonSpecialIP)
+    for ip, reason in (("127.0.0.1", "in the loopback range"), ("0.0.0.0", "unspecified"),
+                       ("169.254.1.1", "in the link-local range"), ("224.0.0.5", "in the link-local multicast range")):
+        msg = errors_for(tmp_path, base + SLICE.replace("10.244.1.5", ip).replace("    hints: {forZones: [zone-a]}\n", ""))
+        assert f"svc.yaml:19:17: endpoints[0].addresses[0]: {ip} may not be {reason}" in msg, ip
+        msg = errors_for(tmp_path, base.replace("spec:\n", f"spec:\n  externalIPs: [{ip}]\n"))
+        assert f"svc.yaml:7:17: spec.externalIPs[0]: {ip} may not be {reason}" in msg, ip
     # conditions or hints that are falsy but no mapping (0, "", []): errors, not "none given" (ready)
     for value in ("0", "''", "[]"):
         msg = errors_for(tmp_path, base + SLICE.replace("hints: {forZones: [zone-a]}", f"conditions: {value}"))
