@@ -451,9 +451,23 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         etp = "Cluster"
     if etp not in ("Cluster", "Local"):
         errors.append(r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}"))
+    if (r.get(("spec", "externalTrafficPolicy")) is not None and svc_type == "ClusterIP"
+            and not r.get(("spec", "externalIPs")) and not from_api):
+        r.warn(("spec", "externalTrafficPolicy"), "set on a Service with no external address (no NodePort, load "
+               "balancer or externalIP): nothing it applies to (the API server refuses it)")
     itp = hcnp = None
     try:
         itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
+    except InputError as exc:
+        errors.append(exc)
+    try:
+        policy = r.typed(("spec", "ipFamilyPolicy"), str)
+        if policy is not None and policy not in _IP_FAMILY_POLICIES:
+            raise r.error(("spec", "ipFamilyPolicy"), f"must be one of {', '.join(_IP_FAMILY_POLICIES)}, got {policy!r}")
+        if policy == "SingleStack" and len(cluster_ips) > 1:
+            raise r.error(("spec", "ipFamilyPolicy"), "SingleStack, with a clusterIP of each family")
+        if policy == "RequireDualStack" and len(cluster_ips) == 1 and not from_api:
+            r.warn(("spec", "ipFamilyPolicy"), "RequireDualStack with one clusterIP: only its family is served")
     except InputError as exc:
         errors.append(exc)
     try:
@@ -516,7 +530,7 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
     r.typed(base, dict)
     reads = (lambda: _port_name(r, base + ("name",)), lambda: r.enum(base + ("protocol",), PROTOCOLS, "TCP"),
              lambda: r.port(base + ("port",)), lambda: r.port(base + ("nodePort",), required=False, zero_unset=True),
-             lambda: r.typed(base + ("targetPort",), (int, str)))
+             lambda: _target_port(r, base + ("targetPort",)))
     try:
         name, protocol, port, node_port, _ = [read() for read in reads]
     except InputError:  # read again, field by field: each wrong one is reported
@@ -541,6 +555,21 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
     if any(p.port == port and p.protocol == protocol for p in ports):
         raise r.error(base + ("port",), f"duplicate port {port}/{protocol}")
     ports.append(_Port(name, protocol, port, node_port))
+
+
+_IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
+_PORT_NAME = re.compile(r"(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
+
+
+def _target_port(r: _Reader, path: Path) -> None:
+    """spec.ports[].targetPort: a number 1-65535 or a port name (IANA_SVC_NAME), as the API
+    server takes it (the EndpointSlices carry the port it resolves to, which is what is used)."""
+    v = r.typed(path, (int, str))
+    if isinstance(v, int) and not 1 <= v <= 65535:
+        raise r.error(path, f"port {v} out of range 1-65535")
+    if isinstance(v, str) and not (_PORT_NAME.fullmatch(v) and any(c.isalpha() for c in v)):
+        raise r.error(path, f"invalid port name {v!r}: at most 15 lower-case letters, digits and '-', with a "
+                            "letter, '-' neither first, last nor twice in a row")
 
 
 def _read_ingress(r: _Reader, base: Path, lb_ips: dict[Family, list[str]]) -> str | None:

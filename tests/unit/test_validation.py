@@ -243,6 +243,28 @@ def test_an_error_deep_in_a_big_file_is_placed_right(tmp_path):
     assert f"svc.yaml:{line + 4}:7: spec.ports[0].port: port 70000 out of range" in msg
 
 
+@pytest.mark.parametrize("target,ok", [("8080", True), ("http", True), ("dns-tcp", True), ("a1", True),
+                                       ("-1", False), ("70000", False), ("''", False), ("'8080'", False),
+                                       ("HTTP", False), ("h_p", False), ("a--b", False), ("-http", False),
+                                       ("sixteen-chars-xx", False)])
+def test_target_ports_are_what_the_api_server_takes(tmp_path, target, ok):
+    text = BASE.format(ip="10.96.0.1", port=80, proto="TCP") + f"      targetPort: {target}\n"
+    if ok:
+        build_warnings(tmp_path, text)
+    else:
+        assert "svc.yaml:12:7: spec.ports[0].targetPort: " in errors_for(tmp_path, text)
+
+
+def test_ip_family_policy_is_what_the_api_server_takes(tmp_path):
+    base = BASE.format(ip="10.96.0.1", port=80, proto="TCP")
+    msg = errors_for(tmp_path, base.replace("spec:\n", "spec:\n  ipFamilyPolicy: Sometimes\n"))
+    assert "spec.ipFamilyPolicy: must be one of SingleStack, PreferDualStack, RequireDualStack, got 'Sometimes'" in msg
+    dual = base.replace("  clusterIP: 10.96.0.1", "  clusterIPs: [10.96.0.1, 'fd00::1']\n  ipFamilyPolicy: SingleStack")
+    assert "spec.ipFamilyPolicy: SingleStack, with a clusterIP of each family" in errors_for(tmp_path, dual)
+    _, warnings = build_warnings(tmp_path, base.replace("spec:\n", "spec:\n  externalTrafficPolicy: Local\n"))
+    assert any("spec.externalTrafficPolicy: set on a Service with no external address" in w for w in warnings)
+
+
 def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
     base = BASE.format(ip="10.96.0.1", port=80, proto="TCP")
     msg = errors_for(tmp_path, base.replace("      protocol: TCP", "      protocol: TCP\n      nodePort: 30080"))
