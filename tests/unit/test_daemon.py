@@ -631,9 +631,11 @@ def test_no_sync_before_the_source_is_synced() -> None:
     assert d.due()[0] is None
     clock.advance(100)
     assert d.step() is None and source.snapshots == 0
+    assert d.health.ready_body()[0] == 503  # (the API's lists not done: not ready, /readyz)
     source.is_ready = True
     d.notify()
     assert d.step() is not None and source.snapshots == 1
+    assert d.health.ready_body()[0] == 200
 
 
 def test_metrics_after_syncs() -> None:
