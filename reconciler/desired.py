@@ -565,6 +565,8 @@ def _target_port(r: _Reader, path: Path) -> None:
     """spec.ports[].targetPort: a number 1-65535 or a port name (IANA_SVC_NAME), as the API
     server takes it (the EndpointSlices carry the port it resolves to, which is what is used)."""
     v = r.typed(path, (int, str))
+    if v == 0 or v == "":  # (the API server's defaulting reads either as the port itself)
+        return
     if isinstance(v, int) and not 1 <= v <= 65535:
         raise r.error(path, f"port {v} out of range 1-65535")
     if isinstance(v, str) and not (_PORT_NAME.fullmatch(v) and any(c.isalpha() for c in v)):
@@ -844,9 +846,9 @@ def _hint_names(r: _Reader, hints: dict[str, Any], key: str, base: Path) -> froz
     if not isinstance(items, list):
         raise r.error(path, f"expected a list of {{name: ...}}, got {_tname(type(items))}")
     for i, h in enumerate(items):
-        if not isinstance(h, dict) or not isinstance(h.get("name"), str) or not h["name"]:
-            raise r.error((*path, i), "expected {name: <a non-empty string>}")
-    return frozenset(h["name"] for h in items) or _NO_HINTS
+        if not isinstance(h, dict) or not isinstance(h.get("name", ""), str):
+            raise r.error((*path, i), "expected {name: <a string>}")
+    return frozenset(h.get("name", "") for h in items) or _NO_HINTS
 
 
 # ---------------------------------------------------------------------------------------------

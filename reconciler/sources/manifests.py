@@ -37,6 +37,14 @@ _ACCEPTED = {
     ("v1", "Node"),
 }
 _IGNORED_QUIETLY = {"List", "ServiceList", "EndpointSliceList", "NodeList"}
+_OUR_GROUPS = {"", "discovery.k8s.io"}  # the API groups of _ACCEPTED: core, discovery
+
+
+def _group(api_version: Any) -> str | None:
+    """'discovery.k8s.io/v1' -> 'discovery.k8s.io', 'v1' -> '' (core); None when there is none."""
+    if not isinstance(api_version, str):
+        return None if api_version is not None else ""
+    return api_version.rpartition("/")[0]
 
 
 _DOCUMENT_START = re.compile(r"^---(?=[ \t]|$)", re.M)
@@ -48,8 +56,9 @@ class _FileLocator:
     way the first parse did (the pure-Python loader takes ~7 s a MB: one error in a big file
     took 18 s to place), else all of it."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, documents: int = 0):
         self.path = path
+        self.documents = documents  # how many the first parse found (0: not known, never split)
         self._docs: list[Any] | None = None
         self._one: dict[int, tuple[Any, int] | None] = {}  # doc index -> (document, its first line)
 
@@ -62,31 +71,35 @@ class _FileLocator:
                 self._docs = []  # recursive loader goes, which the first parse took: no line, then)
         return self._docs
 
-    def _document(self, doc_index: int, item_path: Path, name: str) -> tuple[Any, int] | None:
+    def _document(self, doc_index: int, item_path: Path, ident: tuple[Any, Any, str]) -> tuple[Any, int] | None:
         """Document `doc_index` and the file line it starts at (0-based), parsed alone; None
-        when the file cannot be split so (the whole file is parsed then)."""
+        when the file cannot be split so (the whole file is parsed then): the split must give
+        as many documents as the first parse found, and this one must hold the very object
+        (kind, namespace, name) the first parse found there."""
         if doc_index not in self._one:
             self._one[doc_index] = None
             try:
                 with open(self.path, encoding="utf-8") as fh:
                     text = fh.read()
                 starts = [m.start() for m in _DOCUMENT_START.finditer(text)]
-                if starts and text[:starts[0]].strip(" \t\n") == "":  # a leading `---` opens document 0
+                if starts and _no_document(text[:starts[0]]):  # a first `---` opens document 0
                     starts = starts[1:]
                 bounds = [0, *starts, len(text)]
-                if doc_index + 1 < len(bounds) and len(text) > _SPLIT_MIN_CHARS:
+                if (len(bounds) - 1 == self.documents and len(text) > _SPLIT_MIN_CHARS
+                        and not _DOCUMENT_END.search(text)):  # (`...`: a document may start with no `---`)
                     chunk = text[bounds[doc_index]:bounds[doc_index + 1]]
                     docs = list(YAML(typ="rt").load_all(chunk))
-                    if len(docs) == 1 and docs[0] is not None and _same_object(docs[0], item_path, name):
+                    if len(docs) == 1 and docs[0] is not None and _same_object(docs[0], item_path, ident):
                         self._one[doc_index] = (docs[0], text.count("\n", 0, bounds[doc_index]))
             except (OSError, YAMLError, ValueError, RecursionError):
                 pass
         return self._one[doc_index]
 
-    def locate(self, doc_index: int, item_path: Path, path: Path, name: str = "") -> Location:
-        """Where field `path` of the object at item_path in document doc_index (named `name`)
-        is in the file."""
-        one = self._document(doc_index, item_path, name) if name else None
+    def locate(self, doc_index: int, item_path: Path, path: Path, ident: tuple[Any, Any, str] | None = None
+               ) -> Location:
+        """Where field `path` of the object at item_path in document doc_index (kind, namespace
+        and name `ident`, as the first parse read them) is in the file."""
+        one = self._document(doc_index, item_path, ident) if ident and ident[2] else None
         if one is not None:
             node, offset = one
         else:
@@ -112,16 +125,26 @@ class _FileLocator:
 _SPLIT_MIN_CHARS = 64 * 1024  # smaller files are parsed whole (no gain worth the check)
 
 
-def _same_object(doc: Any, item_path: Path, name: str) -> bool:
-    """Whether the document parsed alone holds, at item_path, the object named `name` that the
-    first parse found there: the check that splitting at `---` lines found the same documents
-    (a `---` inside a block scalar would not)."""
+_DOCUMENT_END = re.compile(r"^\.\.\.(?=[ \t]|$)", re.M)
+
+
+def _no_document(text: str) -> bool:
+    """Text before a file's first `---` that is no document: blank lines, comments, directives."""
+    return all(not line.strip() or line.lstrip().startswith("#") or line.startswith("%") for line in text.split("\n"))
+
+
+def _same_object(doc: Any, item_path: Path, ident: tuple[Any, Any, str]) -> bool:
+    """Whether the document parsed alone holds, at item_path, the object (kind, namespace, name)
+    the first parse found there (a Deployment and its Service are often both `web`)."""
+    kind, namespace, name = ident
     node = doc
     try:
         for part in item_path:
             node = node[part]
-        return node["metadata"]["name"] == name
-    except (KeyError, IndexError, TypeError):
+        meta = node["metadata"]
+        return (meta["name"] == name and meta.get("namespace") == namespace
+                and node.get("kind", kind) == kind)
+    except (KeyError, IndexError, TypeError, AttributeError):
         return False
 
 
@@ -183,7 +206,7 @@ def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False
     result = LoadResult()
     if docs is None:
         docs = _parse(path, share_keys)
-    locator = _FileLocator(path)
+    locator = _FileLocator(path, len(docs))
     for doc_index, doc in enumerate(docs):
         if doc is None:
             continue
@@ -212,7 +235,8 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
     try:
         with open(path, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
             raw = fh.read()
-        text = raw.decode("utf-8")
+        # UTF-16 with its byte order mark (PowerShell's `>`), as kubectl's reader takes it too
+        text = raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8")
         if "\r" in text:  # newlines as text mode reads them (the fast YAML path wants "\n")
             text = text.replace("\r\n", "\n").replace("\r", "\n")
     except OSError as exc:
@@ -221,8 +245,8 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
         line_start = raw.rfind(b"\n", 0, exc.start) + 1
         column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1
         loc = Location(path, raw.count(b"\n", 0, exc.start) + 1, column)
-        raise InputError(loc, f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): manifests are read as UTF-8, as kubectl "
-                              "reads them") from exc
+        raise InputError(loc, f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): manifests are read as UTF-8 (or "
+                              "UTF-16 with a byte order mark), as kubectl reads them") from exc
     try:
         if path.endswith(".json"):
             text = text.removeprefix("\ufeff")  # a byte order mark, as YAML files may have too
@@ -289,10 +313,11 @@ def _expand(doc: Any, at: Path = ()) -> Iterable[tuple[Path, Any]]:
 def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, obj: Any,
              result: LoadResult) -> None:
     meta = obj.get("metadata") if isinstance(obj, dict) else None
-    name = meta.get("name") if isinstance(meta, dict) and isinstance(meta.get("name"), str) else ""
+    ident = ((obj.get("kind"), meta.get("namespace"), meta["name"])
+             if isinstance(meta, dict) and isinstance(meta.get("name"), str) else None)
 
     def locate(p: Path, _ip: Path = item_path) -> Location:
-        return locator.locate(doc_index, _ip, p, name)
+        return locator.locate(doc_index, _ip, p, ident)
 
     if not isinstance(obj, dict):
         raise InputError(locate(()), f"expected a Kubernetes object (a mapping), got {type_name(type(obj))}")
@@ -303,13 +328,18 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
     if kind in _IGNORED_QUIETLY:
         return
     if (api_version, kind) not in _ACCEPTED:
+        if kind in KINDS and _group(api_version) not in _OUR_GROUPS:  # (a custom resource of that
+            result.warnings.append(InputWarning(locate(()), f"skipping {api_version} {kind}: not the "  # name)
+                                                f"Kubernetes {kind}"))
+            return
         if kind in KINDS:
             expected = " or ".join(sorted(v for v, k in _ACCEPTED if k == kind))
             if api_version is None:
                 raise InputError(locate(()), f"{kind} without apiVersion (expected {expected})", ("apiVersion",))
             raise InputError(locate(("apiVersion",)), f"unsupported apiVersion {api_version!r} for {kind} "
                              f"(expected {expected})", ("apiVersion",))
-        proper = next((k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()), None)
+        proper = next((k for k in KINDS if isinstance(kind, str) and k.lower() == kind.lower()
+                       and (api_version, k) in _ACCEPTED), None)
         if proper is not None:  # (skipped with a warning, a Service written `kind: service` went unnoticed)
             raise InputError(locate(("kind",)), f"unknown kind {kind!r}: kinds are case-sensitive (did you mean "
                              f"{proper}?)", ("kind",))

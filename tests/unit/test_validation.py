@@ -180,7 +180,7 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
     base = BASE.format(ip="10.96.0.1", port=80, proto="TCP")
     # an endpoint's hints that are not {name: ...}: dropping them changed which endpoints are used
     msg = errors_for(tmp_path, base + SLICE)
-    assert "svc.yaml:20:24: endpoints[0].hints.forZones[0]: expected {name: <a non-empty string>}" in msg
+    assert "svc.yaml:20:24: endpoints[0].hints.forZones[0]: expected {name: <a string>}" in msg
     # addresses the API server refuses as endpoints and externalIPs (ValidateNonSpecialIP)
     for ip, reason in (("127.0.0.1", "in the loopback range"), ("0.0.0.0", "unspecified"),
                        ("169.254.1.1", "in the link-local range"), ("224.0.0.5", "in the link-local multicast range")):
@@ -226,6 +226,19 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
     with open(os.path.join(tmp_path, "svc.yaml"), "wb") as fh:
         fh.write(b"apiVersion: v1\nkind: Service\nmetadata: {name: w\xffb}\n")
     assert "svc.yaml:3:19: not UTF-8 text (byte 0xff)" in all_errors(tmp_path)
+    # UTF-16 with a byte order mark (PowerShell's `>`) is read, as kubectl reads it
+    with open(os.path.join(tmp_path, "svc.yaml"), "wb") as fh:
+        fh.write(base.encode("utf-16"))
+    assert [o.name for o in load_directory(tmp_path).objects] == ["web"]
+    # a custom resource named like one of ours (Knative's Service) is skipped, not an error
+    with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
+        fh.write(base + "---\napiVersion: serving.knative.dev/v1\nkind: Service\nmetadata: {name: hello}\n")
+    loaded = load_directory(tmp_path)
+    assert [(o.kind, o.name) for o in loaded.objects] == [("Service", "web")]
+    assert [w.replace(f"{tmp_path}/", "") for w in loaded.warnings] == [
+        "svc.yaml:13:1: skipping serving.knative.dev/v1 Service: not the Kubernetes Service"]
+    # hints whose zone name is empty (a valid label value) are no error
+    build_warnings(tmp_path, base + SLICE.replace("[zone-a]", "[{name: ''}, {}]"))
 
 
 def test_an_error_deep_in_a_big_file_is_placed_right(tmp_path):
@@ -241,10 +254,20 @@ def test_an_error_deep_in_a_big_file_is_placed_right(tmp_path):
     docs[100] = docs[100].replace("spec:\n", "  annotations:\n    note: |\n      ---\n      a note\nspec:\n")
     msg = errors_for(tmp_path, "---\n" + "---\n".join(docs))
     assert f"svc.yaml:{line + 4}:7: spec.ports[0].port: port 70000 out of range" in msg
+    # what comes before the first `---` (a comment, a directive) or `...` ends, and an object of
+    # another kind with the same name as the one whose error it is (a Deployment and its Service)
+    deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: s300\n  namespace: default\nspec: {}\n"
+    with_deployment = "---\n".join([*docs[:300], deployment, *docs[300:]])  # (right before its Service)
+    for head in ("# Source: chart/all.yaml\n---\n", "%YAML 1.2\n---\n", "kind: Note\n...\n"):
+        text = head + with_deployment
+        at = text.split("\n").index("      port: 70000") + 1
+        msg = errors_for(tmp_path, text)
+        assert f"svc.yaml:{at}:7: spec.ports[0].port: port 70000 out of range" in msg, head
 
 
 @pytest.mark.parametrize("target,ok", [("8080", True), ("http", True), ("dns-tcp", True), ("a1", True),
-                                       ("-1", False), ("70000", False), ("''", False), ("'8080'", False),
+                                       ("0", True), ("''", True),  # (the API server defaults both to port)
+                                       ("-1", False), ("70000", False), ("'8080'", False),
                                        ("HTTP", False), ("h_p", False), ("a--b", False), ("-http", False),
                                        ("sixteen-chars-xx", False)])
 def test_target_ports_are_what_the_api_server_takes(tmp_path, target, ok):
