@@ -463,7 +463,8 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     try:
         policy = r.typed(("spec", "ipFamilyPolicy"), str)
         if policy is not None and policy not in _IP_FAMILY_POLICIES:
-            raise r.error(("spec", "ipFamilyPolicy"), f"must be one of {', '.join(_IP_FAMILY_POLICIES)}, got {policy!r}")
+            raise r.error(("spec", "ipFamilyPolicy"),
+                          f"must be one of {', '.join(_IP_FAMILY_POLICIES)}, got {policy!r}")
         if policy == "SingleStack" and len(cluster_ips) > 1:
             raise r.error(("spec", "ipFamilyPolicy"), "SingleStack, with a clusterIP of each family")
         if policy == "RequireDualStack" and len(cluster_ips) == 1 and not from_api:
@@ -811,7 +812,15 @@ def _address(r: _Reader, path: Path, text: Any, family: Family, addr_type: str) 
 # first bytes of the addresses _not_special() may refuse (0/8, 127/8, 169.254/16, 224.0.0/24; ::,
 # ::1, fe80::/10, ff02::/16): the usual endpoint's address is decided without a look at it
 _MAYBE_SPECIAL = frozenset((0, 127, 169, 224, 0xfe, 0xff))
-_LINK_LOCAL_MULTICAST = (ipaddress.ip_network("224.0.0.0/24"), ipaddress.ip_network("ff02::/16"))
+_LINK_LOCAL_MULTICAST_V4 = ipaddress.ip_network("224.0.0.0/24")
+
+
+def _link_local_multicast(a: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Go's IsLinkLocalMulticast: 224.0.0.0/24, or an IPv6 multicast address of link-local scope
+    (ff02::, ff12::, ...: whatever its flags)."""
+    if a.version == 4:
+        return a in _LINK_LOCAL_MULTICAST_V4
+    return a.packed[0] == 0xFF and a.packed[1] & 0x0F == 0x02
 
 
 def _not_special(r: _Reader, path: Path, ip: str) -> None:
@@ -821,8 +830,8 @@ def _not_special(r: _Reader, path: Path, ip: str) -> None:
     reason = ("unspecified (0.0.0.0, ::)" if a.is_unspecified
               else "in the loopback range (127.0.0.0/8, ::1/128)" if a.is_loopback
               else "in the link-local range (169.254.0.0/16, fe80::/10)" if a.is_link_local
-              else "in the link-local multicast range (224.0.0.0/24, ff02::/16)"
-              if any(a in n for n in _LINK_LOCAL_MULTICAST if n.version == a.version) else None)
+              else "in the link-local multicast range (224.0.0.0/24, ff02::/16, ff12::/16, ...)"
+              if _link_local_multicast(a) else None)
     if reason is not None:
         raise r.error(path, f"{ip} may not be {reason}, as the API server requires")
 

@@ -188,6 +188,13 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
         assert f"svc.yaml:19:17: endpoints[0].addresses[0]: {ip} may not be {reason}" in msg, ip
         msg = errors_for(tmp_path, base.replace("spec:\n", f"spec:\n  externalIPs: [{ip}]\n"))
         assert f"svc.yaml:7:17: spec.externalIPs[0]: {ip} may not be {reason}" in msg, ip
+    v6 = BASE.format(ip="'fd00::1'", port=80, proto="TCP")
+    for ip, ok in (("ff12::1", False), ("ff02::1", False), ("ff05::1", True), ("fe00::1", True)):
+        text = v6.replace("spec:\n", f"spec:\n  externalIPs: ['{ip}']\n")
+        if ok:
+            build_warnings(tmp_path, text)
+        else:
+            assert f"spec.externalIPs[0]: {ip} may not be in the link-local multicast range" in errors_for(tmp_path, text)
     # conditions or hints that are falsy but no mapping (0, "", []): errors, not "none given" (ready)
     for value in ("0", "''", "[]"):
         msg = errors_for(tmp_path, base + SLICE.replace("hints: {forZones: [zone-a]}", f"conditions: {value}"))
