@@ -342,10 +342,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     labels = _labels(r)
     if any(k in labels for k in SKIP_LABELS):
         return None  # owned by another proxy (or headless), as kube-proxy skips it
-    try:
-        _check_names(r, service_name=True)
-    except InputError as exc:
-        errors.append(exc)
+    _attempt(errors, _check_names, r, service_name=True)
     r.typed(("spec",), dict)
     svc_type = r.enum(("spec", "type"), ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"), "ClusterIP")
     if svc_type == "ExternalName":
@@ -446,31 +443,16 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
                    "refuses it)")
     except InputError as exc:
         errors.append(exc)
-    etp = r.get(("spec", "externalTrafficPolicy"), "Cluster")
-    if etp == "Global":
-        etp = "Cluster"
+    given_etp = r.get(("spec", "externalTrafficPolicy"))
+    etp = "Cluster" if given_etp in (None, "Global") else given_etp
     if etp not in ("Cluster", "Local"):
         errors.append(r.error(("spec", "externalTrafficPolicy"), f"must be Cluster or Local, got {etp!r}"))
-    if (r.get(("spec", "externalTrafficPolicy")) is not None and svc_type == "ClusterIP"
-            and not r.get(("spec", "externalIPs")) and not from_api):
+    if given_etp is not None and svc_type == "ClusterIP" and not r.get(("spec", "externalIPs")) and not from_api:
         r.warn(("spec", "externalTrafficPolicy"), "set on a Service with no external address (no NodePort, load "
                "balancer or externalIP): nothing it applies to (the API server refuses it)")
-    itp = hcnp = None
-    try:
-        itp = r.enum(("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
-    except InputError as exc:
-        errors.append(exc)
-    try:
-        policy = r.typed(("spec", "ipFamilyPolicy"), str)
-        if policy is not None and policy not in _IP_FAMILY_POLICIES:
-            raise r.error(("spec", "ipFamilyPolicy"),
-                          f"must be one of {', '.join(_IP_FAMILY_POLICIES)}, got {policy!r}")
-        if policy == "SingleStack" and len(cluster_ips) > 1:
-            raise r.error(("spec", "ipFamilyPolicy"), "SingleStack, with a clusterIP of each family")
-        if policy == "RequireDualStack" and len(cluster_ips) == 1 and not from_api:
-            r.warn(("spec", "ipFamilyPolicy"), "RequireDualStack with one clusterIP: only its family is served")
-    except InputError as exc:
-        errors.append(exc)
+    itp = _attempt(errors, r.enum, ("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
+    _attempt(errors, _check_ip_family_policy, r, len(cluster_ips), from_api)
+    hcnp = None
     try:
         hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
         if hcnp is not None and not (svc_type == "LoadBalancer" and etp == "Local") and not from_api:
@@ -515,13 +497,15 @@ def _check_ip_families(r: _Reader, ips: list[Any]) -> None:
 
 
 def _attempt(errors: list[InputError], read: Callable[..., Any], *args: Any, default: Any = None, **kw: Any) -> Any:
-    """read(*args, **kw), or (its InputError added to errors) default: one field's error does not
-    stop the reading of the next."""
+    """read(*args, **kw), or (its InputError, or each of its InputErrors, added to errors)
+    default: one field's error does not stop the reading of the next."""
     try:
         return read(*args, **kw)
     except InputError as exc:
         errors.append(exc)
-        return default
+    except InputErrors as exc:  # (several fields of one part)
+        errors += exc.errors
+    return default
 
 
 def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_Port],
@@ -559,6 +543,20 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
 
 
 _IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
+
+
+def _check_ip_family_policy(r: _Reader, cluster_ips: int, from_api: bool) -> None:
+    """spec.ipFamilyPolicy: one of the three, and not SingleStack with a clusterIP of each family
+    (the API server refuses both); RequireDualStack with one clusterIP is warned about."""
+    policy = r.typed(("spec", "ipFamilyPolicy"), str)
+    if policy is not None and policy not in _IP_FAMILY_POLICIES:
+        raise r.error(("spec", "ipFamilyPolicy"), f"must be one of {', '.join(_IP_FAMILY_POLICIES)}, got {policy!r}")
+    if policy == "SingleStack" and cluster_ips > 1:
+        raise r.error(("spec", "ipFamilyPolicy"), "SingleStack, with a clusterIP of each family")
+    if policy == "RequireDualStack" and cluster_ips == 1 and not from_api:
+        r.warn(("spec", "ipFamilyPolicy"), "RequireDualStack with one clusterIP: only its family is served")
+
+
 _PORT_NAME = re.compile(r"(?!.*--)[a-z0-9]([a-z0-9-]{0,13}[a-z0-9])?")
 
 
@@ -737,12 +735,7 @@ def _read_slice(obj: SourceObject, warnings: list[str], errors: list[InputError]
                                           terminating is True, intern(node_name) if node_name else node_name,
                                           intern(zone) if zone else zone, _NO_HINTS, _NO_HINTS)
         if ep is None:
-            try:
-                ep = _endpoint(r, raw, i, family, addr_type, port_number)
-            except InputError as exc:
-                errors.append(exc)
-            except InputErrors as exc:  # (several fields of it)
-                errors += exc.errors
+            ep = _attempt(errors, _endpoint, r, raw, i, family, addr_type, port_number)
             if ep is None:
                 continue
         endpoints.append(ep)
@@ -1266,11 +1259,7 @@ def object_errors(objects: Iterable[SourceObject]) -> list[InputError]:
         if (parse := _PARSERS.get(obj.kind)) is None:
             continue
         try:
-            parse(obj, [])
-        except InputError as exc:
-            errors.append(exc)
-        except InputErrors as exc:
-            errors += exc.errors
+            _attempt(errors, parse, obj, [])
         except (TypeError, AttributeError, ValueError, KeyError):  # (the build reports those shapes)
             pass
     return errors
