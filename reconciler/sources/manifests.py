@@ -48,6 +48,8 @@ def _group(api_version: Any) -> str | None:
 
 
 _DOCUMENT_START = re.compile(r"^---(?=[ \t]|$)", re.M)
+_DOCUMENT_END = re.compile(r"^\.\.\.(?=[ \t]|$)", re.M)
+_SPLIT_MIN_CHARS = 64 * 1024  # smaller files are parsed whole (no gain worth the split)
 
 
 class _FileLocator:
@@ -60,6 +62,7 @@ class _FileLocator:
         self.path = path
         self.documents = documents  # how many the first parse found (0: not known, never split)
         self._docs: list[Any] | None = None
+        self._split: tuple[str, list[int]] | None | bool = False  # (text, document bounds); None: no split
         self._one: dict[int, tuple[Any, int] | None] = {}  # doc index -> (document, its first line)
 
     def docs(self) -> list[Any]:
@@ -71,28 +74,42 @@ class _FileLocator:
                 self._docs = []  # recursive loader goes, which the first parse took: no line, then)
         return self._docs
 
-    def _document(self, doc_index: int, item_path: Path, ident: tuple[Any, Any, str]) -> tuple[Any, int] | None:
-        """Document `doc_index` and the file line it starts at (0-based), parsed alone; None
-        when the file cannot be split so (the whole file is parsed then): the split must give
-        as many documents as the first parse found, and this one must hold the very object
-        (kind, namespace, name) the first parse found there."""
-        if doc_index not in self._one:
-            self._one[doc_index] = None
+    def _documents(self) -> tuple[str, list[int]] | None:
+        """The file's text and where its documents start and end, split at its `---` lines (read
+        once): None when that split may not be the first parse's (a small file, a `...` after
+        which a document may start with no `---`, another count of documents)."""
+        if self._split is False:
+            self._split = None
             try:
                 with open(self.path, encoding="utf-8") as fh:
                     text = fh.read()
-                starts = [m.start() for m in _DOCUMENT_START.finditer(text)]
-                if starts and _no_document(text[:starts[0]]):  # a first `---` opens document 0
-                    starts = starts[1:]
-                bounds = [0, *starts, len(text)]
-                if (len(bounds) - 1 == self.documents and len(text) > _SPLIT_MIN_CHARS
-                        and not _DOCUMENT_END.search(text)):  # (`...`: a document may start with no `---`)
-                    chunk = text[bounds[doc_index]:bounds[doc_index + 1]]
-                    docs = list(YAML(typ="rt").load_all(chunk))
-                    if len(docs) == 1 and docs[0] is not None and _same_object(docs[0], item_path, ident):
-                        self._one[doc_index] = (docs[0], text.count("\n", 0, bounds[doc_index]))
-            except (OSError, YAMLError, ValueError, RecursionError):
-                pass
+            except (OSError, ValueError):
+                return None
+            if len(text) <= _SPLIT_MIN_CHARS or _DOCUMENT_END.search(text):
+                return None
+            starts = [m.start() for m in _DOCUMENT_START.finditer(text)]
+            if starts and _no_document(text[:starts[0]]):  # a first `---` opens document 0
+                starts = starts[1:]
+            bounds = [0, *starts, len(text)]
+            if len(bounds) - 1 == self.documents:
+                self._split = (text, bounds)
+        return self._split  # type: ignore[return-value]
+
+    def _document(self, doc_index: int, item_path: Path, ident: tuple[Any, Any, str]) -> tuple[Any, int] | None:
+        """Document `doc_index` and the file line it starts at (0-based), parsed alone; None
+        when the file cannot be split so (the whole file is parsed then), or this document
+        does not hold the very object (kind, namespace, name) the first parse found there."""
+        if doc_index not in self._one:
+            self._one[doc_index] = None
+            split = self._documents()
+            if split is not None:
+                text, bounds = split
+                try:
+                    docs = list(YAML(typ="rt").load_all(text[bounds[doc_index]:bounds[doc_index + 1]]))
+                except (YAMLError, ValueError, RecursionError):
+                    docs = []
+                if len(docs) == 1 and docs[0] is not None and _same_object(docs[0], item_path, ident):
+                    self._one[doc_index] = (docs[0], text.count("\n", 0, bounds[doc_index]))
         return self._one[doc_index]
 
     def locate(self, doc_index: int, item_path: Path, path: Path, ident: tuple[Any, Any, str] | None = None
@@ -120,12 +137,6 @@ class _FileLocator:
             except (KeyError, IndexError, TypeError, AttributeError):
                 break
         return Location(self.path, offset + line + 1, col + 1)
-
-
-_SPLIT_MIN_CHARS = 64 * 1024  # smaller files are parsed whole (no gain worth the check)
-
-
-_DOCUMENT_END = re.compile(r"^\.\.\.(?=[ \t]|$)", re.M)
 
 
 def _no_document(text: str) -> bool:
@@ -349,7 +360,6 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
                 else "a document without apiVersion and kind (no Kubernetes object)")
         result.warnings.append(InputWarning(locate(()), f"skipping {what}"))
         return
-    meta = obj.get("metadata")
     if meta is not None and not isinstance(meta, dict):
         raise InputError(locate(("metadata",)), f"expected a mapping, got {type_name(type(meta))}", ("metadata",))
     if isinstance(meta, dict) and meta.get("name") is not None and not isinstance(meta["name"], str):
