@@ -63,7 +63,6 @@ from .state import DesiredState
 
 log = logging.getLogger("reconciler.daemon")
 
-
 BIND_RETRY_SECONDS = 5.0  # a healthz or metrics address in use is retried this often (kube-proxy's)
 
 Key = tuple[str, str, str]

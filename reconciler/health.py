@@ -433,11 +433,20 @@ def start_metrics_server(address: str, registry: Any, mode: str = "") -> HTTPSer
 
 @dataclass
 class _ServiceEntry:
-    namespace: str
-    name: str
-    port: int
-    check: HealthCheck  # its local endpoints, per family
+    check: HealthCheck  # the Service, its port and its local endpoints (per family), as last synced
     servers: list[HTTPServerThread] = field(default_factory=list)
+
+    @property
+    def port(self) -> int:
+        return self.check.nodePort
+
+    @property
+    def namespace(self) -> str:
+        return self.check.service.partition("/")[0]
+
+    @property
+    def name(self) -> str:
+        return self.check.service.partition("/")[2]
 
 
 def describe_counts(check: HealthCheck) -> str:
@@ -554,13 +563,12 @@ class ServiceHealthServers:
         for e in to_close:
             for srv in e.servers:
                 srv.close()
-            log.info("closed health check server for %s on port %d", f"{e.namespace}/{e.name}", e.port)
+            log.info("closed health check server for %s on port %d", e.check.service, e.port)
         errors = []
         if missing:
             hosts = self.hosts()
         for h in missing:
-            namespace, _, name = h.service.partition("/")
-            entry = _ServiceEntry(namespace, name, h.nodePort, h)
+            entry = _ServiceEntry(h)
             try:
                 for host in hosts:
                     entry.servers.append(HTTPServerThread(host, h.nodePort, _ServiceHealthHandler,
