@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, IO, Any, Literal, Protocol
 
-from ..state import DesiredState
+from ..state import DesiredState, family_name
 
 Action = Literal["+", "-", "~"]
 
@@ -90,7 +90,7 @@ def _nodeports_by_family(addresses: set[str]) -> set[str]:
             out.add(f"{port} ({verdict})" if verdict else port)
             continue
         for family, verdict in by_family.items():
-            label = f"IP{family[2:]} {port}"  # ipv4 -> IPv4
+            label = f"{family_name(family)} {port}"  # type: ignore[arg-type]
             out.add(f"{label} ({verdict})" if verdict else label)
     return out
 
