@@ -18,7 +18,7 @@ from prometheus_client import (
 )
 
 from .sources.objects import SourceObject
-from .state import DesiredState, PortChanges
+from .state import DesiredState, PortChanges, family_name
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class Metrics:
     def observe_conntrack(self, result: Any) -> None:
         """A stale-UDP conntrack cleanup (conntrack.Result): each family's pass, per family."""
         for run in result.runs:
-            family = "IPv4" if run.family == "ipv4" else "IPv6"
+            family = family_name(run.family)
             self.conntrack_duration.labels(family).observe(run.seconds)
             self.conntrack_deleted.labels(family).inc(run.deleted)
 
