@@ -14,8 +14,9 @@ import pytest
 
 from helpers import endpoint, endpoint_slice, node, service
 
+from reconciler.backends.iptables.render import render as iptables_render
 from reconciler.backends.nftables.diff import diff
-from reconciler.backends.nftables.render import Renderer, render
+from reconciler.backends.nftables.render import Renderer, render, shard_of
 from reconciler.desired import BuildCache, BuildOptions, build_desired_state
 from reconciler.sources.watch import DirectorySource
 from reconciler.state import PortChanges
@@ -320,3 +321,48 @@ def test_bodies_kept_back_are_released_by_a_later_call(tmp_path: Path) -> None:
     assert "spec" not in a.body and "spec" in b.body
     src.release_bodies()
     assert "spec" not in b.body
+
+
+def shared_address_objects(i: int, version: int, endpoints: int) -> list:
+    """Service s<i>: its own ClusterIP, the externalIP 192.0.2.77 and LB IP 192.0.2.88 on port 80
+    that every such service claims (the API server allows that), `endpoints` ready endpoints."""
+    eps = [endpoint(f"10.244.{i}.{k + 1 + version}") for k in range(endpoints)]
+    lb = {"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.88"}]}}}
+    svc = service(f"s{i}", f"10.96.0.{i + 1}", HTTP, type="LoadBalancer", externalIPs=["192.0.2.77"],
+                  externalTrafficPolicy="Local" if version % 2 else "Cluster")
+    svc.body.update(lb)
+    return [svc, endpoint_slice(f"s{i}", eps)]
+
+
+def test_addresses_several_services_claim_are_rendered_the_same_whatever_came_and_went():
+    """Two Services on one externalIP (or LB IP) and port: the element that address gets is the
+    same after any sequence of renders as from scratch, the first claimant's by id, in its own
+    shard only (a later render used to delete the element when one claimant went, leaving the
+    other's address unserved until a restart)."""
+    ids = range(6)  # (their shards differ: see the assert below)
+    assert len({shard_of(f"default/s{i}:http/TCP") for i in ids}) > 1
+    rng = random.Random(11)
+    current: dict[int, list] = {}
+    renderer, cache = Renderer(), BuildCache()
+    for step in range(40):
+        i = rng.choice(ids)
+        if i in current and rng.random() < 0.4:
+            del current[i]
+        else:
+            current[i] = shared_address_objects(i, step, endpoints=rng.choice((0, 1, 2)))
+        desired = cache.build([o for objs in current.values() for o in objs], OPTS)
+        got, fresh = renderer.render(desired), render(desired)
+        assert diff(got, fresh) == [], f"step {step}: {sorted(current)}"
+        for ip in ("192.0.2.77", "192.0.2.88"):
+            key = f"{ip} . tcp . 80"
+            holders = {ref: table.sets["service-ips"].elements[key] for ref, table in got.tables.items()
+                       if "service-ips" in table.sets and key in table.sets["service-ips"].elements}
+            served = sorted(f"default/s{i}:http/TCP" for i in current if current[i][1].body["endpoints"])
+            assert len(holders) == (1 if served else 0), holders
+            if served:
+                (ref, (verdict, tag)), = holders.items()
+                assert tag == served[0] and ref.endswith(f"-{shard_of(served[0]):02d}")
+                # iptables mode: the first rule for that address is the same service port's
+                rules = iptables_render(desired).families["ipv4"]["nat"].chains["RECONCILER-SERVICES"]
+                first = next(r for r in rules if f"{ip}/32" in r.args)
+                assert first.args[first.args.index("--comment") + 1] == served[0]

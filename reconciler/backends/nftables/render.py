@@ -9,6 +9,7 @@ affinity (`ep-…`); every address lookup is one map; no set or chain per endpoi
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import ipaddress
 from typing import Any, Iterable
@@ -139,6 +140,7 @@ def render(desired: DesiredState) -> Ruleset:
 
 _MAIN_MAPS = ("no_ep_services", "no_ep_nodeports", "firewall_ips", "firewall_allow", "hairpin", "cluster_ips")
 _SHARD_MAPS = ("service_ips", "nodeports")
+_MAPS = (*_MAIN_MAPS, *_SHARD_MAPS)
 
 
 class Renderer:
@@ -158,7 +160,8 @@ class Renderer:
         self._fragments: dict[str, tuple[ServicePort, int, dict[str, _Builder]]] = {}
         self._main: dict[str, _Builder] = {}
         self._shards: dict[str, list[_Builder]] = {}
-        self._refs: dict[str, dict[str, dict[str, int]]] = {}
+        # per family and map: element key -> the service port writing it, or those that do, sorted
+        self._claims: dict[str, dict[str, dict[str, str | list[str]]]] = {}
         self._count: dict[str, list[int]] = {}
         self._tables: dict[str, Table] = {}  # the last render's tables, by ref
         self._dirty: set[tuple[str, int | None]] = set()  # (family, shard or None for main)
@@ -173,7 +176,7 @@ class Renderer:
                 opts = desired.families.get(family, FamilyOptions())  # type: ignore[call-overload]
                 self._main[family] = _Builder(fam, opts, desired.masqueradeAll)
                 self._shards[family] = [_Builder(fam, opts, desired.masqueradeAll) for _ in range(SHARDS)]
-                self._refs[family] = {m: {} for m in _MAIN_MAPS}
+                self._claims[family] = {m: {} for m in _MAPS}
                 self._count[family] = [0] * SHARDS
         gone, new = self._changes.update(desired)
         for sp in gone:
@@ -197,7 +200,8 @@ class Renderer:
 
     def _add(self, sp: ServicePort) -> None:
         n = shard_of(sp.id)
-        frags = {}
+        frags: dict[str, _Builder] = {}
+        self._fragments[sp.id] = (sp, n, frags)
         for blk in sp.families:
             main, shard = self._main[blk.family], self._shards[blk.family][n]
             frag = _Builder(main.fam, main.opts, main.masquerade_all)
@@ -205,42 +209,85 @@ class Renderer:
             frags[blk.family] = frag
             shard.chains.update(frag.chains)
             shard.sets.update(frag.sets)
-            for m in _SHARD_MAPS:
-                getattr(shard, m).update(getattr(frag, m))
-            refs = self._refs[blk.family]
-            for m in _MAIN_MAPS:
+            claims = self._claims[blk.family]
+            for m in _MAPS:
                 part: Elements = getattr(frag, m)
-                if part:
-                    getattr(main, m).update(part)
-                    counts = refs[m]
+                if not part:
+                    continue
+                owners, elems = claims[m], getattr(shard if m in _SHARD_MAPS else main, m)
+                if owners.keys().isdisjoint(part):  # (the usual case: nobody else has these keys)
+                    owners.update(dict.fromkeys(part, sp.id))
+                    elems.update(part)
+                else:
                     for k in part:
-                        counts[k] = counts.get(k, 0) + 1
+                        self._claim(blk.family, m, k, sp.id)
             self._count[blk.family][n] += 1
             self._dirty |= {(blk.family, n), (blk.family, None)}
-        self._fragments[sp.id] = (sp, n, frags)
 
     def _remove(self, sid: str) -> None:
-        _, n, frags = self._fragments.pop(sid)
+        _, n, frags = self._fragments[sid]
         for family, frag in frags.items():
             main, shard = self._main[family], self._shards[family][n]
             for name in frag.chains:
                 del shard.chains[name]
             for name in frag.sets:
                 del shard.sets[name]
-            for m in _SHARD_MAPS:
-                elems = getattr(shard, m)
+            claims = self._claims[family]
+            for m in _MAPS:
+                owners, elems = claims[m], getattr(shard if m in _SHARD_MAPS else main, m)
                 for k in getattr(frag, m):
-                    del elems[k]
-            refs = self._refs[family]
-            for m in _MAIN_MAPS:
-                counts, elems = refs[m], getattr(main, m)
-                for k in getattr(frag, m):
-                    counts[k] -= 1
-                    if counts[k] == 0:
-                        del counts[k]
+                    if type(owners[k]) is str:  # (this port's alone)
+                        del owners[k]
                         del elems[k]
+                    else:
+                        self._unclaim(family, m, k, sid)
             self._count[family][n] -= 1
             self._dirty |= {(family, n), (family, None)}
+        del self._fragments[sid]
+
+    # An element key more than one service port writes (two Services on one externalIP or load
+    # balancer IP and port, which the API server allows) holds the value of the first of them by
+    # id, as iptables mode's first rule of theirs matches first: the same whatever order they came
+    # and went in, so a render with memory gives what one from scratch gives. A shard map's
+    # element is in that service port's shard alone (each shard's hook would DNAT otherwise).
+
+    def _claim(self, family: str, m: str, k: str, sid: str) -> None:
+        owners = self._claims[family][m]
+        cur = owners.get(k)
+        if cur is None:
+            owners[k] = sid
+            self._place(family, m, k, None, sid)
+            return
+        claimants = [cur] if isinstance(cur, str) else cur
+        first = claimants[0]
+        bisect.insort(claimants, sid)
+        owners[k] = claimants
+        if claimants[0] != first:
+            self._place(family, m, k, first, sid)
+
+    def _unclaim(self, family: str, m: str, k: str, sid: str) -> None:
+        owners = self._claims[family][m]
+        claimants = owners[k]
+        assert isinstance(claimants, list)
+        first = claimants[0]
+        claimants.remove(sid)
+        if len(claimants) == 1:
+            owners[k] = claimants[0]
+        if first == sid:
+            self._place(family, m, k, sid, claimants[0])
+
+    def _place(self, family: str, m: str, k: str, old: str | None, new: str) -> None:
+        """Key k of map m: the element of service port `old` (if any) becomes `new`'s."""
+        if m in _SHARD_MAPS:
+            if old is not None:
+                n = self._fragments[old][1]
+                del getattr(self._shards[family][n], m)[k]
+                self._dirty.add((family, n))
+            _, n, frags = self._fragments[new]
+            getattr(self._shards[family][n], m)[k] = getattr(frags[family], m)[k]
+            self._dirty.add((family, n))
+        else:
+            getattr(self._main[family], m)[k] = getattr(self._fragments[new][2][family], m)[k]
 
 
 class _Builder:
