@@ -126,6 +126,63 @@ class Options:
                             self.masquerade_all, node_ip_override=self.node_ip_override)
 
 
+def go_duration(seconds: float) -> str:
+    """Seconds as Go's time.Duration prints them (what kube-proxy's /configz shows): 30s, 1m0s,
+    24h0m0s, 200ms, 0s."""
+    ns = round(seconds * 1e9)
+    if ns == 0:
+        return "0s"
+    sign, ns = ("-" if ns < 0 else ""), abs(ns)
+
+    def fraction(value: int, unit: int) -> str:
+        whole, rest = divmod(value, unit)
+        return f"{whole}.{str(rest).rjust(len(str(unit)) - 1, '0').rstrip('0')}" if rest else str(whole)
+
+    if ns < 1_000_000_000:
+        for unit, name in ((1_000_000, "ms"), (1_000, "µs"), (1, "ns")):
+            if ns >= unit:
+                return f"{sign}{fraction(ns, unit)}{name}"
+    hours, ns = divmod(ns, 3600 * 10**9)
+    minutes, ns = divmod(ns, 60 * 10**9)
+    text = f"{fraction(ns, 10**9)}s"
+    if hours or minutes:
+        text = f"{minutes}m{text}"
+    if hours:
+        text = f"{hours}h{text}"
+    return sign + text
+
+
+def configz(opts: Options) -> dict[str, Any]:
+    """/configz, as kube-proxy serves it: the configuration in effect (file, then flags), under its
+    group name, in the field names of kube-proxy's internal KubeProxyConfiguration; only the
+    fields this tool honours."""
+    return {"kubeproxy.config.k8s.io": {
+        "Linux": {
+            "Conntrack": {
+                "MaxPerCore": opts.conntrack_max_per_core, "Min": opts.conntrack_min,
+                "TCPEstablishedTimeout": go_duration(opts.conntrack_tcp_timeout_established),
+                "TCPCloseWaitTimeout": go_duration(opts.conntrack_tcp_timeout_close_wait),
+                "TCPBeLiberal": opts.conntrack_tcp_be_liberal,
+                "UDPTimeout": go_duration(opts.conntrack_udp_timeout),
+                "UDPStreamTimeout": go_duration(opts.conntrack_udp_timeout_stream),
+            },
+            "MasqueradeAll": opts.masquerade_all,
+        },
+        "ClientConnection": {"Kubeconfig": opts.kubeconfig or ""},
+        "HostnameOverride": opts.node_name,
+        "BindAddress": opts.node_ip_override or "",
+        "HealthzBindAddress": opts.healthz_bind_address,
+        "MetricsBindAddress": opts.metrics_bind_address,
+        "BindAddressHardFail": opts.bind_address_hard_fail,
+        "Mode": opts.mode,
+        "DetectLocalMode": "ClusterCIDR",
+        "DetectLocal": {"ClusterCIDRs": list(opts.cluster_cidrs)},
+        "NodePortAddresses": list(opts.nodeport_cidrs) if opts.nodeport_cidrs is not None else None,
+        "SyncPeriod": go_duration(opts.sync_period),
+        "MinSyncPeriod": go_duration(opts.min_sync_period),
+    }}
+
+
 def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]:
     """The fields of a KubeProxyConfiguration that apply here, as Options keyword arguments,
     defaulted and validated as kube-proxy does (errors name file:line). `mode` (--mode) wins over

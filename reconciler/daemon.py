@@ -43,7 +43,7 @@ from typing import Any, Callable, Container, Iterable, Protocol
 
 from . import __version__, conntrack, conntrack_sysctls, gcpolicy, instance_lock
 from .backends.base import KernelError
-from .config import Options
+from .config import Options, configz
 from .config_watch import ConfigFileWatch
 from .desired import BuildCache, BuildOptions, build_desired_state, object_errors
 from .drift import DriftCheck
@@ -875,7 +875,8 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     listeners = [
         RetryingListener(lambda: start_proxy_health_server(opts.healthz_bind_address, daemon.health, metrics),
                          BIND_RETRY_SECONDS),
-        RetryingListener(lambda: start_metrics_server(opts.metrics_bind_address, metrics.registry, opts.mode),
+        RetryingListener(lambda: start_metrics_server(opts.metrics_bind_address, metrics.registry, opts.mode,
+                                                     configz(opts)),
                          BIND_RETRY_SECONDS),
     ]
     source: Source | None = None

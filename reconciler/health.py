@@ -1,7 +1,7 @@
 """HTTP endpoints of `reconciler run`, with kube-proxy's semantics (pkg/proxy/healthcheck):
 
 * /healthz, /livez and /readyz (the proxier health server, default 0.0.0.0:10256);
-* /metrics (Prometheus text, default 127.0.0.1:10249);
+* /metrics (Prometheus text, default 127.0.0.1:10249), with /proxyMode and /configz beside it;
 * one healthCheckNodePort server per ETP=Local LoadBalancer Service (service health).
 
 Every server is an http.server ThreadingHTTPServer in its own daemon thread. Time comes from an
@@ -413,18 +413,21 @@ class _MetricsHandler(_Handler):
             self.send(200, encoder(self.server.registry), content_type)
         elif path == "/proxyMode":
             self.send(200, self.server.mode.encode(), "text/plain; charset=utf-8")
+        elif path == "/configz" and self.server.configz is not None:
+            self.send(200, json.dumps(self.server.configz).encode(), "application/json")
         elif path == "/healthz":
             self.send(200, b"ok", "text/plain; charset=utf-8")
         else:
             self.send(404, b"404 page not found\n", "text/plain; charset=utf-8")
 
 
-def start_metrics_server(address: str, registry: Any, mode: str = "") -> HTTPServerThread | None:
-    """/metrics (+ /proxyMode, /healthz like kube-proxy's metrics server); '' disables."""
+def start_metrics_server(address: str, registry: Any, mode: str = "",
+                         configz: dict[str, Any] | None = None) -> HTTPServerThread | None:
+    """/metrics (+ /proxyMode, /configz, /healthz like kube-proxy's metrics server); '' disables."""
     if not address:
         return None
     host, port = parse_bind_address(address, "--metrics-bind-address")
-    return HTTPServerThread(host, port, _MetricsHandler, "metrics", registry=registry, mode=mode)
+    return HTTPServerThread(host, port, _MetricsHandler, "metrics", registry=registry, mode=mode, configz=configz)
 
 
 # ----------------------------------------------------------------------------------------------

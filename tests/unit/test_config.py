@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from reconciler.cli import build_parser, options_from
-from reconciler.config import load_kube_proxy_config, parse_duration
-from reconciler.health import parse_bind_address
+from reconciler.config import configz, go_duration, load_kube_proxy_config, parse_duration
+from reconciler.health import parse_bind_address, start_metrics_server
 from reconciler.sources.objects import InputError
 
 
@@ -430,3 +434,44 @@ def test_a_misspelt_key_is_warned_about_at_its_line_with_the_field_it_probably_m
                                  f"{meant}?); ignored") == 1, key
     assert "kp.yaml:11:1: frobnicate: not a field of KubeProxyConfiguration; ignored" in caplog.text
     assert "syncPeriod: not a field" not in caplog.text
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (30, "30s"), (60, "1m0s"), (90.5, "1m30.5s"), (3600, "1h0m0s"), (86400, "24h0m0s"), (3725, "1h2m5s"),
+    (0.2, "200ms"), (0.0015, "1.5ms"), (0.000002, "2µs"), (0, "0s"),
+])
+def test_durations_are_shown_as_go_prints_them(seconds, text):
+    assert go_duration(seconds) == text
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+def test_configz_serves_the_configuration_in_effect_file_then_flags(tmp_path):
+    """/configz on the metrics server, as kube-proxy's: its group name, then the fields of its
+    internal KubeProxyConfiguration that we honour, as the file and the flags (which win) set them."""
+    path = tmp_path / "kube-proxy.yaml"
+    path.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n"
+                    "clusterCIDR: 10.244.0.0/16\nhostnameOverride: Node-B\nnodePortAddresses: [192.168.0.0/16]\n"
+                    "iptables: {syncPeriod: 1m, minSyncPeriod: 2s, masqueradeAll: true}\n"
+                    "conntrack: {maxPerCore: 0, tcpEstablishedTimeout: 2h}\n")
+    opts = options_from(build_parser().parse_args(["run", "--source", "x", "--config", str(path),
+                                                   "--min-sync-period", "500ms", "--cluster-cidr", "10.8.0.0/14"]))
+    registry = CollectorRegistry()
+    srv = start_metrics_server("127.0.0.1:0", registry, opts.mode, configz(opts))
+    assert srv is not None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/configz", timeout=5) as resp:
+            assert resp.headers["Content-Type"] == "application/json"
+            doc = json.load(resp)
+    finally:
+        srv.close()
+    (group, conf), = doc.items()
+    assert group == "kubeproxy.config.k8s.io"
+    assert conf["Mode"] == "iptables" and conf["HostnameOverride"] == "node-b"
+    assert conf["SyncPeriod"] == "1m0s" and conf["MinSyncPeriod"] == "500ms"  # (the flag over the file)
+    assert conf["DetectLocal"] == {"ClusterCIDRs": ["10.8.0.0/14"]}
+    assert conf["NodePortAddresses"] == ["192.168.0.0/16"]
+    assert conf["Linux"]["MasqueradeAll"] is True
+    assert conf["Linux"]["Conntrack"]["MaxPerCore"] == 0
+    assert conf["Linux"]["Conntrack"]["TCPEstablishedTimeout"] == "2h0m0s"
+    assert conf["Linux"]["Conntrack"]["TCPCloseWaitTimeout"] == "1h0m0s"  # (kube-proxy's default)
+    assert conf["MetricsBindAddress"] == "127.0.0.1:10249"
