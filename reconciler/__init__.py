@@ -8,3 +8,22 @@ Pipeline (one module per stage):
 """
 
 __version__ = "0.1.0"
+
+
+
+def quiet_library_loggers() -> None:
+    """-v is our debug output: the root logger's handlers pass the libraries' records only from
+    warnings up (pyroute2 logged every netlink message of each generation read, and sets its
+    own loggers' levels when imported; asyncio its selector), urllib3's only from errors (it warns
+    of every retry of a connection the API server refused, which the informers' own warning says
+    once per attempt)."""
+    import logging
+
+    least = {"kubernetes": logging.WARNING, "watchfiles": logging.WARNING, "pyroute2": logging.WARNING,
+             "asyncio": logging.WARNING, "urllib3": logging.ERROR}
+
+    def passes(record: logging.LogRecord) -> bool:
+        return record.levelno >= least.get(record.name.partition(".")[0], 0)
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(passes)

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from . import __version__, gcpolicy, instance_lock
+from . import __version__, gcpolicy, instance_lock, quiet_library_loggers
 from .backends import get_backend
 from .backends.base import KernelError
 from .config import (
@@ -238,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(message)s", stream=sys.stderr)
+    quiet_library_loggers()
     as_json = getattr(args, "output", None) == "json" and args.command != "observe"
     # the warnings, for --strict, validate's count and a JSON document of the input's errors (the
     # --config file's too)

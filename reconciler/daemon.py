@@ -41,7 +41,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Iterable, Protocol
 
-from . import __version__, conntrack, conntrack_sysctls, gcpolicy, instance_lock
+from . import __version__, conntrack, conntrack_sysctls, gcpolicy, instance_lock, quiet_library_loggers
 from .backends.base import KernelError
 from .config import Options, configz
 from .config_watch import ConfigFileWatch
@@ -104,11 +104,7 @@ def setup_logging(fmt: str = "text", verbose: bool = False, stream: Any = None) 
         root.removeHandler(h)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if verbose else logging.INFO)
-    for noisy in ("kubernetes", "watchfiles"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    # urllib3 warns of every retry of a connection the API server refused ("Retrying (Retry(total=2,
-    # ...))": ~50 lines in 15 s); the informers' own warning says it once per attempt, with its delay
-    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    quiet_library_loggers()
 
 
 def _fields(**kw: Any) -> dict[str, Any]:

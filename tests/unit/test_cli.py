@@ -205,3 +205,55 @@ def test_apply_takes_a_source_or_a_saved_plan_and_nothing_a_plan_was_made_with(
     saved.write_text("{not json")
     assert main(["apply", "--plan", str(saved)]) == 1
     assert f"{saved}: not a plan of `reconciler plan -o json`" in capsys.readouterr().err
+
+
+LIBRARY_DEBUG = """
+import logging, sys
+import pyroute2.netlink.core  # (pyroute2 sets its loggers' levels when imported)
+from reconciler import cli
+
+def dispatch(args, warned):
+    logging.getLogger("pyroute2.netlink.core").debug("LIBRARY-DEBUG")
+    logging.getLogger("asyncio").debug("ASYNCIO-DEBUG")
+    logging.getLogger("pyroute2.netlink.core").warning("LIBRARY-WARNING")
+    logging.getLogger("reconciler.backends").debug("OURS-DEBUG")
+    return 0
+
+cli._dispatch = dispatch
+sys.exit(cli.main(["validate", "--source", "state", "-v"]))
+"""
+
+
+def test_verbose_is_our_debug_output_not_the_libraries(tmp_path: Path) -> None:
+    """-v: our debug lines; a library's only from warnings up (pyroute2 logged every netlink
+    message of each generation read)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_DEBUG], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "OURS-DEBUG" in proc.stderr and "LIBRARY-WARNING" in proc.stderr
+    assert "LIBRARY-DEBUG" not in proc.stderr and "ASYNCIO-DEBUG" not in proc.stderr
+
+
+def test_the_daemons_verbose_log_is_ours_not_the_libraries() -> None:
+    import io
+    import logging
+
+    from reconciler.daemon import setup_logging
+
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    stream = io.StringIO()
+    try:
+        setup_logging("text", verbose=True, stream=stream)
+        logging.getLogger("pyroute2").setLevel(logging.NOTSET)  # (as pyroute2 does when imported)
+        logging.getLogger("pyroute2.netlink.nlsocket").debug("LIBRARY-DEBUG")
+        logging.getLogger("urllib3.connectionpool").warning("RETRYING")
+        logging.getLogger("reconciler.daemon").debug("OURS-DEBUG")
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+    text = stream.getvalue()
+    assert "OURS-DEBUG" in text and "LIBRARY-DEBUG" not in text and "RETRYING" not in text
