@@ -44,6 +44,7 @@ its rendered form argument for argument.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import ipaddress
 import socket
@@ -216,8 +217,10 @@ class _Family:
         return str(ep)  # 10.0.0.1:80 / [fd00::1]:80, as --to-destination prints it
 
 
+@functools.lru_cache(maxsize=1024)
 def cidr(c: str) -> str:
-    """A CIDR as iptables-save prints it (network address, explicit prefix length)."""
+    """A CIDR as iptables-save prints it (network address, explicit prefix length); the same few
+    (cluster CIDRs, source ranges) come once per service port: remembered."""
     return str(ipaddress.ip_network(c, strict=False))
 
 
