@@ -367,6 +367,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     for p in paths if not unallocated else ():
         try:
             ip = r.ip(p)
+            _check_cluster_ip(r, p, ip)
             fam = ip_family(ip)
             if fam in cluster_ips:
                 raise r.error(p, f"two clusterIPs of family {fam}")
@@ -816,17 +817,31 @@ def _link_local_multicast(a: ipaddress.IPv4Address | ipaddress.IPv6Address) -> b
     return a.packed[0] == 0xFF and a.packed[1] & 0x0F == 0x02
 
 
+def _special(a: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why an address is one the API server refuses as an endpoint or externalIP
+    (ValidateNonSpecialIP), or None: unspecified, loopback, link-local, link-local multicast."""
+    return ("unspecified (0.0.0.0, ::)" if a.is_unspecified
+            else "in the loopback range (127.0.0.0/8, ::1/128)" if a.is_loopback
+            else "in the link-local range (169.254.0.0/16, fe80::/10)" if a.is_link_local
+            else "in the link-local multicast range (224.0.0.0/24, ff02::/16, ff12::/16, ...)"
+            if _link_local_multicast(a) else None)
+
+
 def _not_special(r: _Reader, path: Path, ip: str) -> None:
-    """An endpoint address or externalIP is none of those the API server refuses there
-    (ValidateNonSpecialIP): unspecified, loopback, link-local, link-local multicast."""
-    a = ipaddress.ip_address(ip)
-    reason = ("unspecified (0.0.0.0, ::)" if a.is_unspecified
-              else "in the loopback range (127.0.0.0/8, ::1/128)" if a.is_loopback
-              else "in the link-local range (169.254.0.0/16, fe80::/10)" if a.is_link_local
-              else "in the link-local multicast range (224.0.0.0/24, ff02::/16, ff12::/16, ...)"
-              if _link_local_multicast(a) else None)
+    """An endpoint address or externalIP is none of those the API server refuses there."""
+    reason = _special(ipaddress.ip_address(ip))
     if reason is not None:
         raise r.error(path, f"{ip} may not be {reason}, as the API server requires")
+
+
+def _check_cluster_ip(r: _Reader, path: Path, ip: str) -> None:
+    """A clusterIP is no special address, nor multicast: every packet to it is DNATed, the node's
+    own too (a clusterIP 127.0.0.53 would take over the node's local DNS resolver). No service
+    CIDR of a cluster holds one."""
+    a = ipaddress.ip_address(ip)
+    reason = _special(a) or ("multicast (224.0.0.0/4, ff00::/8)" if a.is_multicast else None)
+    if reason is not None:
+        raise r.error(path, f"{ip} may not be {reason}: the node's own traffic to it would be taken over")
 
 
 def _flag(r: _Reader, cond: dict[str, Any], key: str, default: bool, base: Path) -> bool:

@@ -624,3 +624,23 @@ def test_what_the_api_server_refuses_but_changes_nothing_here_is_warned_about(tm
                                      "(the API server refuses it otherwise)"],
         ["spec.sessionAffinityConfig", "set while sessionAffinity is None: ignored (the API server refuses it)"]]
     assert desired.healthChecks == () and desired.services[0].affinityTimeoutSeconds is None
+
+
+@pytest.mark.parametrize("ip, reason", [
+    ("127.0.0.53", "in the loopback range"), ("::1", "in the loopback range"), ("0.0.0.0", "unspecified"),
+    ("169.254.169.254", "in the link-local range"), ("224.0.0.251", "in the link-local multicast range"),
+    ("239.1.2.3", "multicast"), ("ff05::1", "multicast"),
+])
+def test_a_cluster_ip_that_would_take_the_nodes_own_traffic_is_refused(tmp_path, ip, reason):
+    """Every packet to a clusterIP is DNATed, the node's own too: 127.0.0.53 would take over the
+    node's local resolver. No service CIDR holds such an address (also without --service-cidr)."""
+    msg = errors_for(tmp_path, BASE.format(ip=ip, port=53, proto="UDP"))
+    assert f"svc.yaml:7:3: spec.clusterIP: {ip} may not be {reason}" in msg
+    two = BASE.format(ip="10.96.0.1", port=53, proto="UDP").replace("  clusterIP: 10.96.0.1",
+                                                                     f"  clusterIPs: [10.96.0.1, '{ip}']")
+    assert "spec.clusterIPs[1]: " in errors_for(tmp_path, two)
+
+
+def test_an_ordinary_cluster_ip_is_taken(tmp_path):
+    for ip in ("10.96.0.10", "fd00:96::a", "192.168.3.4"):
+        build_warnings(tmp_path, BASE.format(ip=ip, port=53, proto="UDP"))
