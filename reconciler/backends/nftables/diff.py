@@ -178,6 +178,8 @@ class _ScriptWriter:
         self.tail = ""
         self.block = False  # the batch is a chain block (one rule per line), else a list
         self.declared: set[tuple[str, str]] = set()
+        self._chains: dict[str, tuple[Table, str, str] | None] = {}  # op.name -> its table, rule prefix, head
+        self._sets: dict[str, NftSet | None] = {}  # op.name -> the set
 
     def add(self, op: Operation) -> None:
         if op.kind == "element":
@@ -221,19 +223,25 @@ class _ScriptWriter:
         return self.model.tables.get(f"{family} {table}") if self.model is not None else None
 
     def _set(self, op: Operation) -> NftSet | None:
-        table = self._table(op)
-        return table.sets.get(op.name.rsplit(" ", 1)[1]) if table is not None else None
+        if op.name not in self._sets:
+            table = self._table(op)
+            self._sets[op.name] = table.sets.get(op.name.rsplit(" ", 1)[1]) if table is not None else None
+        return self._sets[op.name]
 
     def _chain_block(self, op: Operation) -> tuple[str, str] | None:
         """(`add chain T C {`, rule) for a rule of a regular chain whose sets the model defines."""
-        table = self._table(op)
-        if table is None:
+        if op.name not in self._chains:  # (looked up once per chain: a cold start adds ~120k rules)
+            table, found = self._table(op), None
+            if table is not None:
+                name = op.name.split(" chain ", 1)[1]
+                chain = table.chains.get(name)
+                if chain is not None and chain.base is None:
+                    found = (table, f"add rule {table.ref} {name} ", f"add chain {table.ref} {name} {{")
+            self._chains[op.name] = found
+        found = self._chains[op.name]
+        if found is None or not op.text.startswith(found[1]):
             return None
-        name = op.name.split(" chain ", 1)[1]
-        chain = table.chains.get(name)
-        prefix = f"add rule {table.ref} {name} "
-        if chain is None or chain.base is not None or not op.text.startswith(prefix):
-            return None
+        table, prefix, head = found
         rule = op.text[len(prefix):]
         refs = _SET_REF.findall(rule)
         if any(r not in table.sets for r in refs):
@@ -243,4 +251,4 @@ class _ScriptWriter:
                 self._close()
                 self.declared.add((table.ref, r))
                 self.lines.append(_set_def(table, table.sets[r]))
-        return f"add chain {table.ref} {name} {{", rule
+        return head, rule
