@@ -7,6 +7,7 @@ SIGTERM exits 0 with the rules in place and a following `plan` finds nothing to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -235,6 +236,52 @@ def test_resync_reads_the_kernel_only_after_somebody_else_committed(lab: Lab, ru
     assert metric(lab, "reconciler_drift_repairs_total") == repairs  # read, and found nothing to repair
     read = [rec for rec in running.logged(r"^sync full")[seen:] if rec.get("kernel_read")]
     assert read and read[0]["operations"] == 0
+
+
+SHARED_IP = "172.30.1.77"
+
+
+def same_shard_names() -> tuple[str, str]:
+    """Two Service names whose port ids hash to one shard table (where the element went lost)."""
+    seen: dict[int, str] = {}
+    for i in range(500):
+        name = f"shared{i}"
+        n = shard_of(f"default/{name}:http/TCP")
+        if n in seen:
+            return seen[n], name
+        seen[n] = name
+    raise AssertionError("no two names in one shard")
+
+
+def reached(lab: Lab, ip: str, port: int, count: int = 6) -> set[str]:
+    """Who answers TCP from ext1 (none while nothing DNATs there)."""
+    return set(servers(lab.tcp("ext1", ip, port, count=count, timeout=0.5)))
+
+
+def test_an_external_ip_two_services_claim_stays_served_when_one_goes(lab: Lab, running: Running) -> None:
+    """Two Services on one externalIP and port (the API server accepts it): the first by id serves
+    it; when that one goes, the other does at once and stays so. (The daemon used to delete the
+    address's element when either went: unserved until a restart.)"""
+    first, second = sorted(same_shard_names())
+    ports = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+    docs = {f"{first}-svc": svc(first, ["10.96.0.71"], ports, externalIPs=[SHARED_IP]),
+            f"{first}-eps": eps(first, ("pod1",)),
+            f"{second}-svc": svc(second, ["10.96.0.72"], ports, externalIPs=[SHARED_IP]),
+            f"{second}-eps": eps(second, ("pod3",))}
+    put(running.src, docs)
+    try:
+        wait_for(lambda: reached(lab, SHARED_IP, 80) == {"pod1"}, timeout=10, interval=0.2, what=f"{first} serving")
+        for key in (f"{first}-svc", f"{first}-eps"):
+            os.remove(os.path.join(running.src, f"{key}.yaml"))
+        wait_for(lambda: reached(lab, SHARED_IP, 80) == {"pod3"}, timeout=10, interval=0.2, what=f"{second} serving")
+        time.sleep(SYNC_PERIOD + 1)  # a resync (which trusts what it programmed) changes nothing
+        assert reached(lab, SHARED_IP, 80) == {"pod3"}
+        assert serving(lab, "ext1", "10.96.0.72", 80) == {"pod3"}
+    finally:
+        for key in docs:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(running.src, f"{key}.yaml"))
+        wait_for(lambda: "shared" not in nft_table(lab), timeout=10, interval=0.2, what="the shared services gone")
 
 
 BROKEN = """apiVersion: v1
