@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import re
+import stat
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
@@ -68,9 +69,8 @@ class _FileLocator:
     def docs(self) -> list[Any]:
         if self._docs is None:
             try:
-                with open(self.path, encoding="utf-8") as fh:
-                    self._docs = list(YAML(typ="rt").load_all(fh))
-            except (OSError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
+                self._docs = list(YAML(typ="rt").load_all(read_bytes(self.path).decode("utf-8")))
+            except (InputError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
                 self._docs = []  # recursive loader goes, which the first parse took: no line, then)
         return self._docs
 
@@ -81,9 +81,8 @@ class _FileLocator:
         if self._split is False:
             self._split = None
             try:
-                with open(self.path, encoding="utf-8") as fh:
-                    text = fh.read()
-            except (OSError, ValueError):
+                text = read_bytes(self.path).decode("utf-8")
+            except (InputError, ValueError):
                 return None
             if len(text) <= _SPLIT_MIN_CHARS or _DOCUMENT_END.search(text):
                 return None
@@ -174,21 +173,30 @@ class LoadResult:
 
 def manifest_files(root: str | os.PathLike[str], linked_dirs: list[str] | None = None) -> list[str]:
     """Every manifest file under root (recursively, sorted, hidden entries skipped). A symbolic
-    link to a directory is not followed (nor watched): it is added to `linked_dirs`, for a
-    warning (linked_dir_warning)."""
+    link to a directory is not followed: it is added to `linked_dirs`, for a warning
+    (linked_dir_warning). A folder that cannot be listed raises InputErrors (its manifests are
+    not known, which is no reason to take them for removed)."""
     root_path = FsPath(root)
     if root_path.is_file():
         return [str(root_path)]
     if not root_path.is_dir():
         raise SourceUnavailable(Location(str(root_path)), "no such directory")
     out: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root_path):
+    unreadable: list[InputError] = []
+
+    def cannot_list(exc: OSError) -> None:  # (os.walk would skip the folder: its manifests taken for gone)
+        unreadable.append(InputError(Location(exc.filename or str(root_path)),
+                                     f"cannot read this directory: {exc.strerror or exc}"))
+
+    for dirpath, dirnames, filenames in os.walk(root_path, onerror=cannot_list):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         if linked_dirs is not None:
             linked_dirs += [os.path.join(dirpath, d) for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
         for name in sorted(filenames):
             if not name.startswith(".") and name.endswith(SUFFIXES):
                 out.append(os.path.join(dirpath, name))
+    if unreadable:
+        raise InputErrors(unreadable)
     return out
 
 
@@ -204,9 +212,8 @@ def may_hold_a_node(path: str) -> bool:
     """Whether a file that does not parse may still hold a Node object (its text says
     `kind: Node`), or cannot be read at all."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return _NODE_KIND.search(fh.read()) is not None
-    except OSError:
+        return _NODE_KIND.search(read_bytes(path).decode("utf-8", "replace")) is not None
+    except InputError:
         return True
 
 
@@ -241,11 +248,42 @@ def parse_files(paths: list[str], background: bool = False) -> list[list[Any] | 
     return out
 
 
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def read_bytes(path: str) -> bytes:
+    """A manifest file's bytes; InputError for anything but a regular file (a FIFO named x.yaml
+    is never waited on: opened without blocking, then refused, as a device or a socket is), or one
+    that cannot be read (a symbolic link to nothing is named so)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError as exc:
+        if os.path.islink(path):
+            raise InputError(Location(path), f"a symbolic link to nothing ({os.readlink(path)})") from exc
+        raise InputError(Location(path), f"cannot read: {exc}") from exc
+    except OSError as exc:
+        kind = next((what for test, what in _NOT_REGULAR if test(_lstat_mode(path))), None)
+        raise InputError(Location(path), f"not a regular file ({kind})" if kind else f"cannot read: {exc}") from exc
+    with os.fdopen(fd, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((what for test, what in _NOT_REGULAR if test(mode)), "not a file")
+            raise InputError(Location(path), f"not a regular file ({kind}): manifests are read from files only")
+        return fh.read()
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.stat(path).st_mode
+    except OSError:
+        return 0
+
+
 def _parse(path: str, share_keys: bool = False) -> list[Any]:
     """The documents of one file (InputError naming the place of a syntax error)."""
     try:
-        with open(path, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
-            raw = fh.read()
+        raw = read_bytes(path)
         # UTF-16 with its byte order mark (PowerShell's `>`), as kubectl's reader takes it too
         text = raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8")
         if "\r" in text:  # newlines as text mode reads them (the fast YAML path wants "\n")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Container, Iterable
 
 from .manifests import SUFFIXES, LoadResult, duplicate_errors, linked_dir_warning, load_file, manifest_files
-from .objects import InputError, InputWarning, SourceObject, name_some
+from .objects import InputError, InputErrors, InputWarning, SourceObject, name_some
 
 log = logging.getLogger(__name__)
 
@@ -297,10 +297,28 @@ class DirectorySource:
                 return False  # a ConfigMap volume's ..data swap (anywhere): what its links name changed
             if any(part.startswith(".") for part in parts):
                 continue  # hidden: never read (an editor's temporary file, a .git folder)
+            if self._through_link(parts):
+                continue  # under a symbolic link to a directory: not read (the walk does not follow it)
             if path in self._dirs or os.path.isdir(path):
                 return False  # a folder: new, or one that held manifests (gone, renamed, replaced);
                 # other files are irrelevant (a README, an editor's temporary file)
         return True
+
+    def _through_link(self, parts: list[str]) -> bool:
+        """Whether a path under the root (its parts) lies in a folder reached through a symbolic
+        link, which the walk does not follow (the watcher may: inotify follows them)."""
+        folder = self.root
+        for part in parts[:-1]:
+            folder = os.path.join(folder, part)
+            if os.path.islink(folder):
+                return True
+        return False
+
+    @staticmethod
+    def _listed(path: str) -> bool:
+        """Whether the walk lists this path as a file: anything there but a folder (a FIFO or a
+        symbolic link to nothing is read as an error then, not taken for a file removed)."""
+        return os.path.lexists(path) and not os.path.isdir(path)
 
     def _add_dirs(self, files: Iterable[str]) -> None:
         for path in files:
@@ -330,8 +348,9 @@ class DirectorySource:
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
         if not waited and self._only_files(dirty):
             assert self._files is not None
-            check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(os.path.relpath(p, self.root))}
-            present = {p for p in check if os.path.isfile(p)}
+            check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(rel := os.path.relpath(p, self.root))
+                     and not self._through_link(rel.split(os.sep))}
+            present = {p for p in check if self._listed(p)}
             self._files |= present  # in place: O(changes)
             self._files -= check - present
             self._add_dirs(present)
@@ -340,10 +359,12 @@ class DirectorySource:
             try:
                 walked = manifest_files(self.root, linked)
                 self._linked_dirs = [linked_dir_warning(d) for d in linked]
-            except InputError as exc:  # the directory itself is gone: an input error, not "empty"
+            except (InputError, InputErrors) as exc:  # the directory itself is gone, or a folder in it cannot
+                # be listed: an input error, not "empty"
                 self._first = True  # whatever comes back next is a change
                 self._files = None
-                return Snapshot(errors=[exc], changed=True, added_objects=[], removed_objects=[])
+                return Snapshot(errors=list(exc.errors) if isinstance(exc, InputErrors) else [exc], changed=True,
+                                added_objects=[], removed_objects=[])
             check = None
             self._files = set(walked)
             self._dirs = set()
@@ -359,11 +380,11 @@ class DirectorySource:
         old_entries: dict[str, _Entry | None] = {}
         with self._lock:
             for path in list(self._cache) if current is not None else [p for p in check if p in self._cache]:
-                if (path not in current) if current is not None else not os.path.isfile(path):
+                if (path not in current) if current is not None else not self._listed(path):
                     old_entries[path] = self._cache[path]
                     del self._cache[path]
                     removed.append(path)
-        for path in walked if walked is not None else sorted(p for p in check if os.path.isfile(p)):
+        for path in walked if walked is not None else sorted(p for p in check if self._listed(p)):
             sig = _signature(path)
             with self._lock:
                 entry = self._cache.get(path)

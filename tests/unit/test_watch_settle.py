@@ -408,3 +408,103 @@ def test_a_symlinked_directory_is_warned_about_not_silently_skipped(tmp_path: Pa
     assert [o.name for o in loaded.objects] == ["a"] and any(w.startswith(want) for w in loaded.warnings)
     snap = DirectorySource(str(tmp_path / "root")).snapshot()
     assert [o.name for o in snap.objects] == ["a"] and any(w.startswith(want) for w in snap.warnings)
+
+
+def snapshot_within(src: DirectorySource, seconds: float = 10.0):  # type: ignore[no-untyped-def]
+    """src.snapshot(), which must return in time (a FIFO once blocked it for good: the thread
+    is left behind then, and the test fails)."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(src.snapshot()), daemon=True)
+    t.start()
+    t.join(seconds)
+    assert out, "snapshot() blocked"
+    return out[0]
+
+
+def release_fifo(path: Path) -> None:
+    """Let go of a reader blocked on the FIFO (a failed test's thread), if any."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+
+
+def test_a_fifo_named_like_a_manifest_is_an_error_and_never_waited_on(tmp_path: Path) -> None:
+    """mkfifo x.yaml under the root: the periodic full walk used to open it and wait for a writer
+    for good (no sync, no log line, SIGTERM not acted on)."""
+    with watched_state(tmp_path) as (root, src, events):
+        fifo = root / "x.yaml"
+        os.mkfifo(fifo)
+        try:
+            assert events.wait(5)
+            for full in (False, True):  # the watcher's path, then the periodic resync's walk
+                if full:
+                    src.rescan()
+                snap = snapshot_within(src)
+                assert [str(e) for e in snap.errors] == [f"{fifo}: not a regular file (a FIFO): manifests are read "
+                                                         "from files only"], full
+                assert sorted(o.name for o in src.snapshot().objects) == ["a"]
+        finally:
+            release_fifo(fifo)
+
+
+def test_a_manifest_turned_into_a_link_to_nothing_is_an_error_not_a_removal(tmp_path: Path) -> None:
+    """A git commit that points b.yaml at a missing file: the watcher's path used to drop b's
+    objects as if the file were deleted (applied), the next full walk then call it an error."""
+    with watched_state(tmp_path) as (root, src, events):
+        svc(root / "b.yaml", "b", "10.96.0.11")
+        assert wait_for(src, events, ["a", "b"]) == ["a", "b"]
+        os.symlink("../missing.yaml", root / "b.tmp")
+        os.rename(root / "b.tmp", root / "b.yaml")
+        assert events.wait(5)
+        for full in (False, True):
+            if full:
+                src.rescan()
+            snap = src.snapshot()
+            assert [str(e) for e in snap.errors] == [f"{root / 'b.yaml'}: a symbolic link to nothing "
+                                                     "(../missing.yaml)"], full
+
+
+def test_files_under_a_linked_folder_are_not_read_as_they_change(tmp_path: Path) -> None:
+    """A symbolic link to a folder is not followed (warned about); the watcher may follow it all
+    the same, and a file changed there used to be read (programmed), then dropped by the next walk."""
+    svc(tmp_path / "elsewhere" / "x.yaml", "x", "10.96.0.20")
+    root = tmp_path / "state"
+    svc(root / "a.yaml", "a", "10.96.0.10")
+    os.symlink(tmp_path / "elsewhere", root / "linked")
+    events = threading.Event()
+    src = started(DirectorySource(str(root), events.set, root_check_ms=200))
+    try:
+        snap = src.snapshot()
+        assert any("a symbolic link to a directory: not followed" in str(w) for w in snap.warnings)
+        svc(tmp_path / "elsewhere" / "y.yaml", "y", "10.96.0.21")
+        svc(root / "b.yaml", "b", "10.96.0.11")  # (a change the watcher does report)
+        assert wait_for(src, events, ["a", "b"]) == ["a", "b"]
+        time.sleep(0.3)
+        assert names(src) == ["a", "b"]
+    finally:
+        src.stop()
+
+
+def test_a_folder_that_cannot_be_listed_is_an_error_not_its_manifests_gone(tmp_path: Path) -> None:
+    """A folder the process may not read (chmod 000, without CAP_DAC_*): the walk skipped it
+    silently, and its services were removed. Its manifests are unknown: an error, which holds."""
+    from reconciler.sources.manifests import load_directory
+    from reconciler.sources.objects import InputErrors
+
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    svc(tmp_path / "team" / "b.yaml", "b", "10.96.0.11")
+    real_scandir = os.scandir
+
+    def denied(path):  # type: ignore[no-untyped-def]  # (the tests run as root, which reads anything)
+        if str(path).endswith("team"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_scandir(path)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "scandir", denied)
+        with pytest.raises(InputErrors) as exc:
+            load_directory(tmp_path)
+        assert str(exc.value.errors[0]) == f"{tmp_path / 'team'}: cannot read this directory: Permission denied"
+        snap = DirectorySource(str(tmp_path)).snapshot()
+        assert [str(e) for e in snap.errors] == [str(exc.value.errors[0])] and not snap.objects
