@@ -459,6 +459,7 @@ def test_systemd_unit():
     assert _value(unit, svc, "Type") == "simple"
     assert _value(unit, svc, "Restart") == "always"
     assert _value(unit, svc, "KillSignal") == "SIGTERM"
+    assert _value(unit, svc, "KillMode") == "mixed"  # (the sync under way finishes: its nft child is not killed)
     assert _value(unit, svc, "ExecReload") == "/bin/kill -HUP $MAINPID"  # (run: a full resync now)
     assert _value(unit, svc, "NoNewPrivileges") == "yes"
     assert _value(unit, svc, "ProtectSystem") == "strict"
