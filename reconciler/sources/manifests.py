@@ -69,8 +69,8 @@ class _FileLocator:
     def docs(self) -> list[Any]:
         if self._docs is None:
             try:
-                self._docs = list(YAML(typ="rt").load_all(read_bytes(self.path).decode("utf-8")))
-            except (InputError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
+                self._docs = list(YAML(typ="rt").load_all(_text(read_bytes(self.path))))
+            except (InputError, OSError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
                 self._docs = []  # recursive loader goes, which the first parse took: no line, then)
         return self._docs
 
@@ -81,8 +81,8 @@ class _FileLocator:
         if self._split is False:
             self._split = None
             try:
-                text = read_bytes(self.path).decode("utf-8")
-            except (InputError, ValueError):
+                text = _text(read_bytes(self.path))
+            except (InputError, OSError, ValueError):
                 return None
             if len(text) <= _SPLIT_MIN_CHARS or _DOCUMENT_END.search(text):
                 return None
@@ -138,6 +138,11 @@ class _FileLocator:
         return Location(self.path, offset + line + 1, col + 1)
 
 
+def _text(raw: bytes) -> str:
+    """UTF-8 bytes as text with "\n" line breaks, as the first parse read them (CRLF too)."""
+    return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+
+
 def _no_document(text: str) -> bool:
     """Text before a file's first `---` that is no document: blank lines, comments, directives."""
     return all(not line.strip() or line.lstrip().startswith("#") or line.startswith("%") for line in text.split("\n"))
@@ -185,6 +190,8 @@ def manifest_files(root: str | os.PathLike[str], linked_dirs: list[str] | None =
     unreadable: list[InputError] = []
 
     def cannot_list(exc: OSError) -> None:  # (os.walk would skip the folder: its manifests taken for gone)
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            return  # gone (or made a file) while the walk went on: as if listed a moment later
         unreadable.append(InputError(Location(exc.filename or str(root_path)),
                                      f"cannot read this directory: {exc.strerror or exc}"))
 
@@ -213,7 +220,7 @@ def may_hold_a_node(path: str) -> bool:
     `kind: Node`), or cannot be read at all."""
     try:
         return _NODE_KIND.search(read_bytes(path).decode("utf-8", "replace")) is not None
-    except InputError:
+    except (InputError, OSError):
         return True
 
 
@@ -253,31 +260,27 @@ _NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_
 
 
 def read_bytes(path: str) -> bytes:
-    """A manifest file's bytes; InputError for anything but a regular file (a FIFO named x.yaml
-    is never waited on: opened without blocking, then refused, as a device or a socket is), or one
-    that cannot be read (a symbolic link to nothing is named so)."""
+    """A manifest file's bytes; InputError for anything but a regular file (a FIFO, a socket or a
+    device named x.yaml is refused before it is opened, and opened without blocking in case one
+    took the file's place meanwhile), or one that cannot be read (a link to nothing is named so)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISREG(mode):
+                    return fh.read()
     except FileNotFoundError as exc:
-        if os.path.islink(path):
-            raise InputError(Location(path), f"a symbolic link to nothing ({os.readlink(path)})") from exc
-        raise InputError(Location(path), f"cannot read: {exc}") from exc
+        try:
+            target = os.readlink(path)
+        except OSError:
+            raise InputError(Location(path), f"cannot read: {exc}") from exc
+        raise InputError(Location(path), f"a symbolic link to nothing ({target})") from exc
     except OSError as exc:
-        kind = next((what for test, what in _NOT_REGULAR if test(_lstat_mode(path))), None)
-        raise InputError(Location(path), f"not a regular file ({kind})" if kind else f"cannot read: {exc}") from exc
-    with os.fdopen(fd, "rb") as fh:  # bytes, decoded at once: no incremental decoder per file
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((what for test, what in _NOT_REGULAR if test(mode)), "not a file")
-            raise InputError(Location(path), f"not a regular file ({kind}): manifests are read from files only")
-        return fh.read()
-
-
-def _lstat_mode(path: str) -> int:
-    try:
-        return os.stat(path).st_mode
-    except OSError:
-        return 0
+        raise InputError(Location(path), f"cannot read: {exc}") from exc
+    kind = next((what for test, what in _NOT_REGULAR if test(mode)), "not a file")
+    raise InputError(Location(path), f"not a regular file ({kind}): manifests are read from files only")
 
 
 def _parse(path: str, share_keys: bool = False) -> list[Any]:

@@ -298,7 +298,9 @@ class DirectorySource:
             if any(part.startswith(".") for part in parts):
                 continue  # hidden: never read (an editor's temporary file, a .git folder)
             if self._through_link(parts):
-                continue  # under a symbolic link to a directory: not read (the walk does not follow it)
+                if path.endswith(SUFFIXES):  # not read from there (the walk does not follow the link);
+                    return False  # a file of ours may link to it, though: the walk compares them all
+                continue
             if path in self._dirs or os.path.isdir(path):
                 return False  # a folder: new, or one that held manifests (gone, renamed, replaced);
                 # other files are irrelevant (a README, an editor's temporary file)

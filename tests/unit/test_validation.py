@@ -644,3 +644,21 @@ def test_a_cluster_ip_that_would_take_the_nodes_own_traffic_is_refused(tmp_path,
 def test_an_ordinary_cluster_ip_is_taken(tmp_path):
     for ip in ("10.96.0.10", "fd00:96::a", "192.168.3.4"):
         build_warnings(tmp_path, BASE.format(ip=ip, port=53, proto="UDP"))
+
+
+def test_an_error_in_a_big_crlf_file_is_placed_by_its_document_alone(tmp_path, monkeypatch):
+    """A big file with CRLF line breaks (PowerShell's): its error is placed by re-reading just its
+    document, as in a LF file (the whole-file re-read takes ~7 s a MB)."""
+    from reconciler.sources import manifests
+
+    docs = [BASE.format(ip=f"10.96.{i // 250}.{i % 250 + 1}", port=80, proto="TCP").replace("name: web", f"name: s{i}")
+            for i in range(400)]  # ~70 KB
+    docs[300] = docs[300].replace("port: 80", "port: 70000")
+
+    def whole_file(self):  # type: ignore[no-untyped-def]
+        raise AssertionError("the whole file was parsed again")
+
+    monkeypatch.setattr(manifests._FileLocator, "docs", whole_file)
+    msg = errors_for(tmp_path, ("---\n" + "---\n".join(docs)).replace("\n", "\r\n"))
+    line = 1 + 300 * 12 + 1 + 9
+    assert f"svc.yaml:{line}:7: spec.ports[0].port: port 70000 out of range" in msg

@@ -508,3 +508,61 @@ def test_a_folder_that_cannot_be_listed_is_an_error_not_its_manifests_gone(tmp_p
         assert str(exc.value.errors[0]) == f"{tmp_path / 'team'}: cannot read this directory: Permission denied"
         snap = DirectorySource(str(tmp_path)).snapshot()
         assert [str(e) for e in snap.errors] == [str(exc.value.errors[0])] and not snap.objects
+
+
+def test_a_folder_gone_while_the_tree_is_walked_is_no_error(tmp_path: Path) -> None:
+    """A folder removed between its parent's listing and its own (rsync --delete, rm -r during a
+    walk) is as if listed a moment later: gone, not unreadable."""
+    from reconciler.sources.manifests import manifest_files
+
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    svc(tmp_path / "team" / "b.yaml", "b", "10.96.0.11")
+    real_scandir = os.scandir
+
+    def gone(path):  # type: ignore[no-untyped-def]
+        if str(path).endswith("team"):
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_scandir(path)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "scandir", gone)
+        assert manifest_files(tmp_path) == [str(tmp_path / "a.yaml")]
+
+
+def test_a_read_that_fails_midway_is_an_input_error(tmp_path: Path) -> None:
+    """EIO (or EAGAIN on a FUSE mount) while a file is read: its error, not an OSError that
+    escapes (one stopped the daemon's loop on a first start)."""
+    from reconciler.sources.manifests import may_hold_a_node, read_bytes
+    from reconciler.sources.objects import InputError
+
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    real_fstat = os.fstat
+
+    def failing(fd):  # type: ignore[no-untyped-def]
+        raise OSError(5, "Input/output error")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "fstat", failing)
+        with pytest.raises(InputError, match="cannot read: .*Input/output error"):
+            read_bytes(str(tmp_path / "a.yaml"))
+        assert may_hold_a_node(str(tmp_path / "a.yaml"))  # (cannot be read: it may)
+    assert os.fstat is real_fstat
+
+
+def test_a_manifest_linked_through_a_linked_folder_is_read_again_when_its_target_changes(tmp_path: Path) -> None:
+    """root/svc.yaml -> current/svc.yaml, root/current -> a folder elsewhere: an edit of the target
+    is seen through the linked folder, which is not read itself; the walk then compares every file
+    and reads svc.yaml again (its signature follows the link)."""
+    svc(tmp_path / "release1" / "svc.yaml", "one", "10.96.0.20")
+    root = tmp_path / "state"
+    svc(root / "a.yaml", "a", "10.96.0.10")
+    os.symlink(tmp_path / "release1", root / "current")
+    os.symlink("current/svc.yaml", root / "svc.yaml")
+    events = threading.Event()
+    src = started(DirectorySource(str(root), events.set, root_check_ms=200))
+    try:
+        assert names(src) == ["a", "one"]
+        svc(tmp_path / "release1" / "svc.yaml", "two", "10.96.0.20")
+        assert wait_for(src, events, ["a", "two"]) == ["a", "two"]
+    finally:
+        src.stop()
