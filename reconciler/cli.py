@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--healthz-bind-address", metavar="HOST:PORT",
                    help="/healthz, /livez and /readyz (default 0.0.0.0:10256; a bare IP: port 10256)")
     p.add_argument("--metrics-bind-address", metavar="HOST:PORT",
-                   help="/metrics (default 127.0.0.1:10249; a bare IP: port 10249)")
+                   help="/metrics, /proxyMode and /configz (default 127.0.0.1:10249; a bare IP: port 10249)")
     p.add_argument("--log-format", choices=("text", "json"), default="text", help="log line format (default text)")
     _conntrack_flags(p)
     return parser

@@ -110,6 +110,7 @@ class Options:
     metrics_bind_address: str = f"127.0.0.1:{METRICS_PORT}"
     bind_address_hard_fail: bool = False  # exit if healthz/metrics cannot listen (else: retried)
     node_ip_override: str | None = None  # bindAddress, when not 0.0.0.0 or ::: this node's IP of its family
+    bind_address: str = "0.0.0.0"  # bindAddress as given (for /configz)
     kubeconfig: str | None = None  # for the API source (None: in-cluster)
     # the conntrack sysctls `run` sets at start (kube-proxy's `conntrack:`; 0 leaves a value alone)
     conntrack_max_per_core: int = 32768
@@ -170,7 +171,7 @@ def configz(opts: Options) -> dict[str, Any]:
         },
         "ClientConnection": {"Kubeconfig": opts.kubeconfig or ""},
         "HostnameOverride": opts.node_name,
-        "BindAddress": opts.node_ip_override or "",
+        "BindAddress": opts.bind_address,
         "HealthzBindAddress": opts.healthz_bind_address,
         "MetricsBindAddress": opts.metrics_bind_address,
         "BindAddressHardFail": opts.bind_address_hard_fail,
@@ -335,7 +336,7 @@ def _bind_addresses(doc: dict[str, Any], where: Where) -> dict[str, Any]:
     ip = "0.0.0.0" if bind in (None, "") else normalize_ip(bind)
     if ip is None:
         raise InputError(where("bindAddress"), f"invalid IP address {bind!r}", ("bindAddress",))
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"bind_address": ip}
     if ip not in ("0.0.0.0", "::"):
         out["node_ip_override"] = ip
     defaults = ("[::]", "[::1]") if ":" in ip else ("0.0.0.0", "127.0.0.1")

@@ -475,3 +475,8 @@ def test_configz_serves_the_configuration_in_effect_file_then_flags(tmp_path):
     assert conf["Linux"]["Conntrack"]["TCPEstablishedTimeout"] == "2h0m0s"
     assert conf["Linux"]["Conntrack"]["TCPCloseWaitTimeout"] == "1h0m0s"  # (kube-proxy's default)
     assert conf["MetricsBindAddress"] == "127.0.0.1:10249"
+    assert conf["BindAddress"] == "0.0.0.0"  # (kube-proxy's default)
+    path.write_text(path.read_text() + "bindAddress: '::'\n")
+    opts = options_from(build_parser().parse_args(["run", "--source", "x", "--config", str(path)]))
+    conf = configz(opts)["kubeproxy.config.k8s.io"]
+    assert conf["BindAddress"] == "::" and conf["HealthzBindAddress"] == "[::]:10256"
