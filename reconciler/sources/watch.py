@@ -348,6 +348,7 @@ class DirectorySource:
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
+        linked_before = [str(w) for w in self._linked_dirs]
         if not waited and self._only_files(dirty):
             assert self._files is not None
             check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(rel := os.path.relpath(p, self.root))
@@ -402,7 +403,8 @@ class DirectorySource:
             reread.append(path)
             with self._lock:
                 self._cache[path] = new
-        changed = bool(reread or removed) or self._first
+        # (a link to a folder made or gone changes no file, but its warning is news)
+        changed = bool(reread or removed) or self._first or [str(w) for w in self._linked_dirs] != linked_before
         self._first = False
         snap = Snapshot(changed=changed, reread=reread, removed=removed, added_objects=[], removed_objects=[])
         with self._lock:

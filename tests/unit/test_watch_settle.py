@@ -566,3 +566,19 @@ def test_a_manifest_linked_through_a_linked_folder_is_read_again_when_its_target
         assert wait_for(src, events, ["a", "two"]) == ["a", "two"]
     finally:
         src.stop()
+
+
+def test_a_link_to_a_folder_made_while_watched_is_news_at_once(tmp_path: Path) -> None:
+    """Its warning (not followed) comes with the change that made it, not with some later one: the
+    walk changed no file, and a snapshot that changed nothing is not looked at."""
+    svc(tmp_path / "elsewhere" / "x.yaml", "x", "10.96.0.20")
+    with watched_state(tmp_path) as (root, src, events):
+        os.symlink(tmp_path / "elsewhere", root / "linked")
+        assert events.wait(5)
+        deadline = time.monotonic() + 5
+        snap = src.snapshot()
+        while not snap.changed and time.monotonic() < deadline:  # (until the watcher reported it)
+            events.wait(0.5)
+            snap = src.snapshot()
+        assert snap.changed and any("a symbolic link to a directory: not followed" in str(w) for w in snap.warnings)
+        assert not src.snapshot().changed  # said once
