@@ -10,7 +10,6 @@ Pipeline (one module per stage):
 __version__ = "0.1.0"
 
 
-
 def quiet_library_loggers() -> None:
     """-v is our debug output: the root logger's handlers pass the libraries' records only from
     warnings up (pyroute2 logged every netlink message of each generation read, and sets its

@@ -70,7 +70,7 @@ class _FileLocator:
         if self._docs is None:
             try:
                 self._docs = list(YAML(typ="rt").load_all(_text(read_bytes(self.path))))
-            except (InputError, OSError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
+            except (InputError, YAMLError, ValueError, RecursionError):  # (nesting deeper than its
                 self._docs = []  # recursive loader goes, which the first parse took: no line, then)
         return self._docs
 
@@ -82,7 +82,7 @@ class _FileLocator:
             self._split = None
             try:
                 text = _text(read_bytes(self.path))
-            except (InputError, OSError, ValueError):
+            except (InputError, ValueError):
                 return None
             if len(text) <= _SPLIT_MIN_CHARS or _DOCUMENT_END.search(text):
                 return None
@@ -140,7 +140,12 @@ class _FileLocator:
 
 def _text(raw: bytes) -> str:
     """UTF-8 bytes as text with "\n" line breaks, as the first parse read them (CRLF too)."""
-    return raw.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    return _lf(raw.decode("utf-8"))
+
+
+def _lf(text: str) -> str:
+    """Line breaks as text mode reads them ("\r\n", "\r" -> "\n"; the fast YAML path wants "\n")."""
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
 
 
 def _no_document(text: str) -> bool:
@@ -220,7 +225,7 @@ def may_hold_a_node(path: str) -> bool:
     `kind: Node`), or cannot be read at all."""
     try:
         return _NODE_KIND.search(read_bytes(path).decode("utf-8", "replace")) is not None
-    except (InputError, OSError):
+    except InputError:
         return True
 
 
@@ -262,7 +267,8 @@ _NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_
 def read_bytes(path: str) -> bytes:
     """A manifest file's bytes; InputError for anything but a regular file (a FIFO, a socket or a
     device named x.yaml is refused before it is opened, and opened without blocking in case one
-    took the file's place meanwhile), or one that cannot be read (a link to nothing is named so)."""
+    took the file's place meanwhile), or one that cannot be read (a link to nothing is named so):
+    never an OSError."""
     try:
         mode = os.stat(path).st_mode
         if stat.S_ISREG(mode):
@@ -288,11 +294,7 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
     try:
         raw = read_bytes(path)
         # UTF-16 with its byte order mark (PowerShell's `>`), as kubectl's reader takes it too
-        text = raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8")
-        if "\r" in text:  # newlines as text mode reads them (the fast YAML path wants "\n")
-            text = text.replace("\r\n", "\n").replace("\r", "\n")
-    except OSError as exc:
-        raise InputError(Location(path), f"cannot read: {exc}") from exc
+        text = _lf(raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8"))
     except UnicodeDecodeError as exc:  # (named by line and column, not by the byte's offset)
         line_start = raw.rfind(b"\n", 0, exc.start) + 1
         column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1

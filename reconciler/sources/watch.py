@@ -348,11 +348,12 @@ class DirectorySource:
         with self._lock:
             dirty, self._dirty = self._dirty, set()
         walked: list[str] | None = None  # the tree's manifest files in walk order, when walked
-        linked_before = [str(w) for w in self._linked_dirs]
+        linked_before = self._linked_dirs  # (a walk replaces the list)
+        present: set[str] = set()  # the manifest files the watcher named that are there
         if not waited and self._only_files(dirty):
             assert self._files is not None
-            check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(rel := os.path.relpath(p, self.root))
-                     and not self._through_link(rel.split(os.sep))}
+            # (none is under a linked folder: _only_files walks the tree for those)
+            check = {p for p in dirty if p.endswith(SUFFIXES) and not _hidden(os.path.relpath(p, self.root))}
             present = {p for p in check if self._listed(p)}
             self._files |= present  # in place: O(changes)
             self._files -= check - present
@@ -377,17 +378,17 @@ class DirectorySource:
         def ordered() -> list[str]:
             return walked if walked is not None else sorted(files)
 
-        current = files if check is None else None
+        current = files if check is None else present  # of the files looked at, those there
         reread: list[str] = []
         removed: list[str] = []
         old_entries: dict[str, _Entry | None] = {}
         with self._lock:
-            for path in list(self._cache) if current is not None else [p for p in check if p in self._cache]:
-                if (path not in current) if current is not None else not self._listed(path):
+            for path in list(self._cache) if check is None else [p for p in check if p in self._cache]:
+                if path not in current:
                     old_entries[path] = self._cache[path]
                     del self._cache[path]
                     removed.append(path)
-        for path in walked if walked is not None else sorted(p for p in check if self._listed(p)):
+        for path in walked if walked is not None else sorted(present):
             sig = _signature(path)
             with self._lock:
                 entry = self._cache.get(path)
@@ -404,7 +405,7 @@ class DirectorySource:
             with self._lock:
                 self._cache[path] = new
         # (a link to a folder made or gone changes no file, but its warning is news)
-        changed = bool(reread or removed) or self._first or [str(w) for w in self._linked_dirs] != linked_before
+        changed = bool(reread or removed) or self._first or self._linked_dirs != linked_before
         self._first = False
         snap = Snapshot(changed=changed, reread=reread, removed=removed, added_objects=[], removed_objects=[])
         with self._lock:
