@@ -101,6 +101,8 @@ class Plan:
         if self.operations:
             lines.append(f"Kernel operations ({len(self.operations)}; grouped by service port, "
                          f"-o json lists them in execution order):")
+            if any(op.drops or op.restates for op in self.operations):
+                lines.append(REWRITE_LEGEND)
             groups: dict[str, list[Operation]] = {}
             own = len(self.operations) - self.other_mode_operations
             for op in self.operations[:own]:
@@ -119,7 +121,9 @@ class Plan:
                     omitted += len(ops)
                     continue
                 lines.append(f"  # {name}")
-                lines += [f"  {op.action} {_shown(op)}" for op in ops[:room]]
+                for op in ops[:room]:
+                    lines.append(f"  {'=' if op.restates else op.action} {_shown(op)}")
+                    lines += _dropped(op)
                 shown += min(room, len(ops))
                 if len(ops) > room:
                     lines.append(f"    ... {len(ops) - room} more of {name}")
@@ -129,6 +133,18 @@ class Plan:
             lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)
+
+
+REWRITE_LEGEND = "  (a chain rewritten whole: `-` under its flush, a rule it loses; `=`, a rule it held, written back)"
+DROPS_SHOWN = 20  # per flushed chain; -o json lists them all
+
+
+def _dropped(op: Operation) -> list[str]:
+    """The rules a flushed chain loses, under its flush (see Operation.drops)."""
+    lines = [f"      - {rule}" for rule in op.drops[:DROPS_SHOWN]]
+    if len(op.drops) > DROPS_SHOWN:
+        lines.append(f"      ... {len(op.drops) - DROPS_SHOWN} more rules it loses")
+    return lines
 
 
 def _shown(op: Operation) -> str:

@@ -16,18 +16,29 @@ Action = Literal["+", "-", "~"]
 
 @dataclass(frozen=True, slots=True)
 class Operation:
-    """One kernel operation: `text` is what the backend executes (one line of its batch format)."""
+    """One kernel operation: `text` is what the backend executes (one line of its batch format).
+
+    A chain rewritten whole (flushed, then filled again) says, for people reading the plan, what
+    that changes: the flush's `drops` are the rules it held (each as it reads inside the chain)
+    that are not written back, and a rule written back as it was `restates` it.
+    """
 
     action: Action
     kind: str  # table, chain, rule, set, map, element
     name: str  # the object, e.g. "ip reconciler-07 chain svc-default/web/http/tcp"
     text: str
     service: str | None = None  # the service port it belongs to, when there is one
+    drops: tuple[str, ...] = ()
+    restates: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"action": self.action, "kind": self.kind, "object": self.name, "command": self.text}
+        d: dict[str, Any] = {"action": self.action, "kind": self.kind, "object": self.name, "command": self.text}
         if self.service:
             d["service"] = self.service
+        if self.drops:
+            d["drops"] = list(self.drops)
+        if self.restates:
+            d["restates"] = True
         return d
 
 

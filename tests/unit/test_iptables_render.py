@@ -7,6 +7,7 @@ foreign rules (FOREIGN-NAT, the ACCEPT for port 22) that observe must ignore.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -1059,3 +1060,62 @@ def test_a_rule_in_a_chain_of_others_is_theirs_whatever_its_comment():
     texts = [op.text for op in diff(IptablesModel(), have) if op.name.startswith("iptables nat ")]
     assert f":{SERVICES} - [0:0]" in texts and f"-X {SERVICES}" not in texts  # (IPv4's: the family it is in)
     assert not any("FOREIGN" in t for t in texts)
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_chain_rewritten_whole_reads_as_the_rules_it_loses_and_those_it_keeps(mode):
+    """A chain flushed and filled again (one endpoint of web replaced) lists, under its flush, the
+    rules it loses; the rules it held and gets back are marked `=`, the new ones `+` (in the
+    text; as `drops` and `restates` in -o json), and a legend says so."""
+    import copy
+    import json
+    import os
+
+    import jsonschema
+    from helpers import REPO
+
+    from reconciler.plan import DROPS_SHOWN, REWRITE_LEGEND, Plan, service_changes
+
+    objects = load_directory(STATE_DIR).objects
+    moved = copy.deepcopy(objects)
+    for obj in moved:
+        if obj.kind == "EndpointSlice" and obj.body["metadata"]["labels"].get("kubernetes.io/service-name") == "web":
+            for ep in obj.body["endpoints"]:
+                if ep["addresses"] == ["10.244.1.5"]:
+                    ep["addresses"] = ["10.244.1.99"]
+    backend = NftablesBackend() if mode == "nftables" else IptablesBackend()
+    before, after = (backend.render(build_desired_state(objs, OPTS)) for objs in (objects, moved))
+    ops = backend.diff(after, before)
+    flushes = [op for op in ops if op.kind == "chain" and op.action == "~" and op.drops]
+    assert flushes and all(op.service == "default/web:http/TCP" for op in flushes)
+    # what each rewritten chain loses is the old endpoint's rule, and only that
+    assert all(len(op.drops) == 1 and ("10.244.1.5:8080" in op.drops[0] or "RECONCILER-SEP-" in op.drops[0])
+               for op in flushes)
+    rules = [op for op in ops if op.kind == "rule" and op.name in {f.name for f in flushes}]
+    new = [op.text for op in rules if not op.restates]
+    assert new and all("10.244.1.99" in t or "RECONCILER-SEP-" in t for t in new)
+    kept = [op.text for op in rules if op.restates]
+    assert any("10.244.3.4:8080" in t for t in kept) and not any("10.244.1.99" in t for t in kept)
+    # a chain created new restates nothing
+    assert not any(op.restates for op in ops if op.kind == "rule" and op.name not in {f.name for f in flushes})
+
+    plan = Plan(mode, "node-a", service_changes(backend.service_view(before), backend.service_view(after)), ops)
+    lines = plan.to_text().splitlines()
+    assert REWRITE_LEGEND in lines
+    flush_line = next(i for i, line in enumerate(lines) if line.startswith("  ~ ") and
+                      (flushes[0].text in line))
+    assert lines[flush_line + 1] == f"      - {flushes[0].drops[0]}"
+    assert sum(line.startswith("  = ") for line in lines) == len(kept)
+    assert sum(line.startswith("  + ") for line in lines) == sum(op.action == "+" for op in ops) - len(kept)
+    data = json.loads(plan.to_json())
+    with open(os.path.join(REPO, "schemas", "plan.schema.json")) as fh:
+        jsonschema.validate(data, json.load(fh))
+    assert [o["drops"] for o in data["operations"] if "drops" in o] == [list(op.drops) for op in flushes]
+    assert sum(o.get("restates", False) for o in data["operations"]) == len(kept)
+    # a plan with no rewritten chain has no legend; a long list of lost rules is cut in the text
+    assert REWRITE_LEGEND not in Plan(mode, "node-a", operations=[o for o in ops if not (o.drops or o.restates)]
+                                      ).to_text().splitlines()
+    many = dataclasses.replace(flushes[0], drops=tuple(f"rule {i}" for i in range(DROPS_SHOWN + 3)))
+    text = Plan(mode, "node-a", operations=[many]).to_text().splitlines()
+    assert f"      - rule {DROPS_SHOWN - 1}" in text and f"      - rule {DROPS_SHOWN}" not in text
+    assert "      ... 3 more rules it loses" in text

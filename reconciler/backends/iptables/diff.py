@@ -78,14 +78,17 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
             continue
         svc = chain_owner(name, rules)
         where = obj(name)  # one string for the chain and all its rules
-        declare.append(Operation("+" if old is None else "~", "chain", where, f":{name} - [0:0]", svc))
+        wanted = {r.args for r in rules} if old else set()
+        declare.append(Operation("+" if old is None else "~", "chain", where, f":{name} - [0:0]", svc,
+                                 drops=tuple(_inside(r) for r in old if r.args not in wanted) if old else ()))
         # a rule the chain already holds is only restated (the whole chain is rewritten): it is the
         # chain's, not a change of the service port it serves (one service added to a shared
         # chain listed every other one there as changed)
         kept = {r.args for r in old} if old else set()
         for r in rules:
-            owner = svc if r.args in kept else rule_owner(r) or svc
-            fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner))
+            restated = r.args in kept
+            owner = svc if restated else rule_owner(r) or svc
+            fill.append(Operation("+", "rule", where, r.to_text(counters=False), owner, restates=restated))
     # a rule that jumps to one of ours but is not one of our jumps (in another chain, or without our
     # comment) is somebody else's: left alone, and the chain it jumps to is emptied, not deleted
     others = (*have.foreign, *(r for r in have.jumps if not is_our_jump(r)))  # (foreign: whatever their comment)
@@ -114,6 +117,11 @@ def _diff_table(cmd: str, table: str, want: TableState, have: TableState) -> lis
     for r in inserts:
         jumps.append(Operation("+", "rule", obj(r.chain), RuleOp(table, "insert", r, 1).to_text()))
     return declare + fill + edits + jumps + delete
+
+
+def _inside(rule: Rule) -> str:
+    """A rule as it reads inside its chain: its `-A CHAIN` line without `-A CHAIN`."""
+    return rule.to_text(counters=False).partition(" ")[2].partition(" ")[2]
 
 
 def services_of_rewritten_chains(observed: IptablesModel, ops: list[Operation]) -> set[str]:

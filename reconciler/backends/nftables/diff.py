@@ -127,10 +127,13 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
             create.append(Operation("+", "chain", obj, _chain_def(want, c), svc))
         if old is not None and old.rules == c.rules and not references_recreated(old):
             continue
+        held: frozenset[str] = frozenset()
         if old is not None and old.rules:
-            flush.append(Operation("~", "chain", obj, f"flush chain {t} {name}", svc))
+            held, wanted = frozenset(old.rules), frozenset(c.rules)
+            flush.append(Operation("~", "chain", obj, f"flush chain {t} {name}", svc,
+                                   drops=tuple(r for r in old.rules if r not in wanted)))
         for rule in c.rules:
-            fill.append(Operation("+", "rule", obj, f"add rule {t} {name} {rule}", svc))
+            fill.append(Operation("+", "rule", obj, f"add rule {t} {name} {rule}", svc, restates=rule in held))
     for name in sorted(have_chains.keys() - want.chains.keys()):
         obj = f"{t} chain {name}"
         if have_chains[name].rules:
