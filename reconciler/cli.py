@@ -14,7 +14,7 @@ from .backends import get_backend
 from .backends.base import KernelError
 from .config import (
     HEALTHZ_PORT, INT32_MAX, METRICS_PORT, MODES, Options, bind_address, conntrack_seconds, load_kube_proxy_config,
-    merge, parse_cidrs, parse_duration, parse_nodeport_addresses,
+    merge, parse_cidrs, parse_duration, parse_nodeport_addresses, parse_service_cidrs,
 )
 from .desired import normalize_ip
 from .reconcile import apply, load_desired, plan_against_kernel
@@ -178,7 +178,7 @@ def options_from(args: argparse.Namespace) -> Options:
         "kubeconfig": getattr(args, "kubeconfig", None),
     }
     for flag, attr, parse in (("--cluster-cidr", "cluster_cidrs", parse_cidrs),
-                              ("--service-cidr", "service_cidrs", parse_cidrs),
+                              ("--service-cidr", "service_cidrs", parse_service_cidrs),
                               ("--nodeport-addresses", "nodeport_cidrs", parse_nodeport_addresses)):
         value = getattr(args, flag[2:].replace("-", "_"), None)
         try:

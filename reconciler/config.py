@@ -67,6 +67,17 @@ def parse_cidrs(text: str, what: str) -> tuple[str, ...]:
     return tuple(read_cidr(p, what) for p in text.split(",") if p.strip())
 
 
+def parse_service_cidrs(text: str, what: str) -> tuple[str, ...]:
+    """parse_cidrs, but no CIDR of every address (/0): new traffic to any address of it that is
+    no ClusterIP is dropped, which would cut the node off."""
+    cidrs = parse_cidrs(text, what)
+    for c in cidrs:
+        if c.endswith("/0"):
+            raise ValueError(f"{c} is every address: traffic to any address that is not a ClusterIP would be "
+                             "dropped (name the cluster's service CIDR, e.g. 10.96.0.0/12)")
+    return cidrs
+
+
 def parse_nodeport_addresses(text: str, what: str) -> tuple[str, ...]:
     """CIDRs, or 'primary' alone: this node's IPs (resolved when the document is built)."""
     items = [p.strip() for p in text.split(",") if p.strip()]

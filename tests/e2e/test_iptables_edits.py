@@ -44,3 +44,29 @@ def test_long_chain_edited_in_place_then_verified(lab, tmp_path):
         assert outcomes(lab.tcp("node", "10.96.7.18", 80, count=1, timeout=1)) != {"ok": 1}
     finally:
         reconciler(lab, "cleanup", "--mode", "iptables", check=False)
+
+
+@pytest.mark.parametrize("mode", ["iptables", "nftables"])
+def test_cidrs_of_every_address_read_back_as_written(lab, tmp_path, mode):
+    """A source range of every address (0.0.0.0/0, ::/0: a chart's "allow all") and a cluster
+    CIDR of every address: iptables-save prints no `-s 0.0.0.0/0`, and iptables refuses
+    `! -s 0.0.0.0/0`; the rules are written as they read back, so apply succeeds and a plan then
+    finds nothing to do (it found the firewall chain changed for ever), and the LB IP carries
+    traffic from any source."""
+    src = str(tmp_path / "state")
+    lb = {"loadBalancer": {"ingress": [{"ip": "172.30.1.17"}, {"ip": "fd00:31::17"}]}}
+    write_state(src, [svc("any", ["10.96.7.100", "fd00:96::7:100"], HTTP, type="LoadBalancer", status=lb,
+                          ipFamilies=["IPv4", "IPv6"], loadBalancerSourceRanges=["0.0.0.0/0", "::/0"]),
+                      eps("any", ["pod1"]), eps("any", ["pod1"], 6)])
+    try:
+        for cluster in ([], ["--cluster-cidr", "0.0.0.0/0,::/0"]):
+            flags = common_flags(src, mode, extra=cluster)
+            reconciler(lab, "apply", *flags, "--read-back")
+            again = reconciler(lab, "plan", *flags, check=False)
+            assert again.returncode == 0, again.stdout
+            for ip in ("172.30.1.17", "fd00:31::17"):
+                res = lab.tcp("ext1", ip, 80, count=3)
+                assert outcomes(res) == {"ok": 3}
+                assert {r.seen_ip for r in res} <= {"172.30.0.2", "fd00:30::2"}  # (policy Cluster: masqueraded)
+    finally:
+        reconciler(lab, "cleanup", "--mode", mode, check=False)

@@ -36,6 +36,11 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
             externalTrafficPolicy="Local", healthCheckNodePort=32001, externalIPs=["172.30.1.51"],
             ipFamilies=["IPv4", "IPv6"], status=lb("172.30.1.11")),
         eps("etp-local", ["pod1", "pod3"]), eps("etp-local", ["pod1", "pod3"], 6),
+        # ETP Local with a hostNetwork endpoint on node-b (node2's own address, outside every
+        # cluster CIDR) beside pod1: node2's traffic to the NodePort is no pod's (no short-circuit)
+        # and keeps its source to the local endpoint.
+        svc("etp-hostnet", ["10.96.1.21"], http(31004), type="NodePort", externalTrafficPolicy="Local"),
+        hostnet_eps("etp-hostnet"),
         # ETP Local without a local endpoint.
         svc("etp-none", ["10.96.1.20"], http(31002), type="NodePort", externalTrafficPolicy="Local",
             externalIPs=["172.30.1.52"]),
@@ -95,6 +100,13 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
     ]
 
 
+def hostnet_eps(name: str) -> dict:
+    """pod1 (node-a) and node2's own IP as an endpoint of node-b (a hostNetwork pod)."""
+    slice_ = eps(name, ["pod1"])
+    slice_["endpoints"].append({"addresses": [ADDR["node2"][4]], "nodeName": "node-b", "conditions": {"ready": True}})
+    return slice_
+
+
 EXTRA = ["--service-cidr", "10.96.0.0/16,fd00:96::/64"]
 
 
@@ -140,6 +152,17 @@ def test_etp_local_pod_of_another_node_reaching_itself_is_masqueraded(lab, appli
     assert ADDR["pod3"][4] not in {r.seen_ip for r in res if r.server == "pod3"}
     kept = {r.seen_ip for r in res if r.server == "pod1"}
     assert kept == ({ADDR["pod3"][4]} if applied.mode == "nftables" else {ADDR["node"][4]})
+
+
+def test_etp_local_keeps_the_source_of_a_node_that_hosts_an_endpoint(lab, applied):
+    """node2 hosts a hostNetwork endpoint of the service (its own IP, in no cluster CIDR): its
+    traffic to node-a's NodePort takes the Local path, as any outside client's, and pod1 sees
+    node2's address (iptables mode masqueraded all of it: a hairpin rule per remote endpoint,
+    which only pods sent back to themselves by the pod short-circuit need)."""
+    res = lab.tcp("node2", ADDR["node"][4], 31004, count=20)
+    assert outcomes(res) == {"ok": 20}
+    assert set(servers(res)) == {"pod1"}
+    assert {r.seen_ip for r in res} == {ADDR["node2"][4]}
 
 
 def test_etp_local_node_traffic_is_masqueraded_and_may_use_all(lab, applied):

@@ -8,6 +8,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from helpers import STATE_DIR
 
 from reconciler.cli import _dump, main
 
@@ -257,3 +258,13 @@ def test_the_daemons_verbose_log_is_ours_not_the_libraries() -> None:
         root.setLevel(saved[1])
     text = stream.getvalue()
     assert "OURS-DEBUG" in text and "LIBRARY-DEBUG" not in text and "RETRYING" not in text
+
+
+@pytest.mark.parametrize("cidrs", ["0.0.0.0/0", "10.96.0.0/16,::/0"])
+def test_a_service_cidr_of_every_address_is_refused(cidrs: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Traffic to an address of a service CIDR that is no ClusterIP is dropped: a /0 would cut the
+    node off, so it is an error before anything is read or programmed."""
+    assert main(["render", "--source", STATE_DIR, "--node-name", "node-a", "--service-cidr", cidrs]) == 1
+    err = capsys.readouterr().err
+    assert "--service-cidr: " in err and "/0 is every address" in err
+    assert main(["render", "--source", STATE_DIR, "--node-name", "node-a", "--service-cidr", "10.96.0.0/16,fd00:96::/64"]) == 0

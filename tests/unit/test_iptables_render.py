@@ -1119,3 +1119,55 @@ def test_a_chain_rewritten_whole_reads_as_the_rules_it_loses_and_those_it_keeps(
     text = Plan(mode, "node-a", operations=[many]).to_text().splitlines()
     assert f"      - rule {DROPS_SHOWN - 1}" in text and f"      - rule {DROPS_SHOWN}" not in text
     assert "      ... 3 more rules it loses" in text
+
+
+def test_etp_local_masquerades_only_remote_endpoints_a_pod_short_circuit_can_pick_for_itself():
+    """The ETP Local pod short-circuit (`-s clusterCIDR`) may send a pod of another node back to
+    itself, so that pod's traffic there is masqueraded; an endpoint outside every cluster CIDR (a
+    hostNetwork pod: its node's own IP) never takes that path, and its node's traffic keeps its
+    source: no rule for it."""
+    objs = [service("ingress", "10.96.0.30", [{**HTTP[0], "nodePort": 30100}], type="NodePort",
+                    externalTrafficPolicy="Local"),
+            endpoint_slice("ingress", [endpoint("10.244.1.5"), endpoint("10.244.2.5", node="node-b"),
+                                       endpoint("192.168.1.11", node="node-b")])]
+    ext = next(rules for name, rules in render(build(objs)).table("ipv4", "nat").chains.items()
+               if name.startswith("RECONCILER-EXT-"))
+    masq_sources = {r.args[1] for r in ext if r.target == "RECONCILER-MARK-MASQ" and r.args[0] == "-s"}
+    assert masq_sources == {"10.244.2.5/32"}
+
+
+@pytest.mark.parametrize("ranges,view", [(["0.0.0.0/0"], ["0.0.0.0/0"]), (["0.0.0.0/1", "128.0.0.0/1"], ["0.0.0.0/0"]),
+                                         (["10.0.0.0/8", "0.0.0.0/0"], ["0.0.0.0/0"])])
+def test_a_source_range_of_every_address_is_written_as_iptables_save_prints_it(ranges, view):
+    """iptables-save prints no `-s 0.0.0.0/0`: the firewall chain's rule for such a range has no
+    `-s` (else it never reads back as written), and the view reads it as that range again, as
+    nftables mode's does."""
+    objs = [service("any", "10.96.0.40", [{**HTTP[0], "nodePort": 30140}], type="LoadBalancer",
+                    loadBalancerSourceRanges=ranges),
+            endpoint_slice("any", [endpoint("10.244.2.9", node="node-b")])]
+    objs[0].body["status"] = {"loadBalancer": {"ingress": [{"ip": "198.51.100.40"}]}}  # type: ignore[index]
+    desired = build(objs)
+    model = render(desired)
+    fw = [r for name, rules in model.table("ipv4", "nat").chains.items() if name.startswith("RECONCILER-FW-")
+          for r in rules]
+    assert fw and all("-s" not in r.args for r in fw)
+    views = [b.service_view(b.render(desired)) for b in (IptablesBackend(), NftablesBackend())]
+    assert views[0]["default/any:http/TCP"]["sourceRanges"] == view
+    assert views[0] == views[1]
+
+
+def test_a_cluster_cidr_of_every_address_masquerades_no_clusterip_traffic():
+    """A cluster CIDR of every address: every source is a pod, so nothing is masqueraded for being
+    outside it (as nftables mode reads it), and no `! -s 0.0.0.0/0`, which iptables refuses."""
+    for cidrs in (("0.0.0.0/0",), ("10.244.0.0/16", "0.0.0.0/0")):
+        model = render(build([service("web", "10.96.0.10", HTTP), endpoint_slice("web", [endpoint("10.244.1.5")])],
+                             cluster_cidrs=cidrs))
+        rules = [r for rules in model.table("ipv4", "nat").chains.values() for r in rules]
+        assert not any("0.0.0.0/0" in r.args for r in rules)
+        nat = model.table("ipv4", "nat").chains
+        svc = next(rs for name, rs in nat.items() if name.startswith("RECONCILER-SVC-"))
+        if len(cidrs) == 1:
+            assert not any(r.target in ("RECONCILER-MARK-MASQ", NON_POD_MASQ) for r in svc)
+        else:  # (several: a chain returns for each; the one of every address returns for all)
+            assert [r.args for r in nat[NON_POD_MASQ]] == [("-s", "10.244.0.0/16", "-j", "RETURN"), ("-j", "RETURN"),
+                                                           ("-j", "RECONCILER-MARK-MASQ")]

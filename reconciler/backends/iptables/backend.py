@@ -201,6 +201,9 @@ def _endpoint(rule: Rule, chains: Mapping[str, tuple[Rule, ...]]) -> str | None:
     return None
 
 
+ANY_SOURCE = {"ipv4": "0.0.0.0/0", "ipv6": "::/0"}
+
+
 def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per service port: where it is reachable (and with which verdict), which endpoints its cluster
     traffic reaches and which its external traffic does (its EXT chain, see base.view_entry).
@@ -237,8 +240,9 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                 if not sid or (only is not None and sid not in only):
                     continue
                 if name.startswith(FW_PREFIX):
-                    if r.target and r.target.startswith((EXT_PREFIX, SVC_PREFIX)) and (src := _value(r.args, "-s")):
-                        entry(sid)["sources"].add(src)  # a source the LB IPs allow
+                    if r.target and r.target.startswith((EXT_PREFIX, SVC_PREFIX)):  # a source the LB IPs allow
+                        # (no -s: every source, a range of /0, which iptables-save does not print)
+                        entry(sid)["sources"].add(_value(r.args, "-s") or ANY_SOURCE[family])
                     continue
                 if "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
                     entry(sid)["affinity"].add(f"ClientIP {seconds}s")

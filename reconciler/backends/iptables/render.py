@@ -224,6 +224,26 @@ def cidr(c: str) -> str:
     return str(ipaddress.ip_network(c, strict=False))
 
 
+@functools.lru_cache(maxsize=64)
+def _networks(cidrs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
+
+
+def in_cidrs(ip: str, cidrs: tuple[str, ...]) -> bool:
+    """Whether the address is in one of the CIDRs (of its family)."""
+    addr = ipaddress.ip_address(ip)
+    return any(addr in net for net in _networks(cidrs))
+
+
+@functools.lru_cache(maxsize=1024)
+def source(c: str) -> tuple[str, ...]:
+    """The match of sources in CIDR c as iptables-save prints it: `-s NET`, or nothing for a /0
+    (every source; iptables-save leaves `-s 0.0.0.0/0` out, so the rule would never read back
+    as written)."""
+    net = cidr(c)
+    return () if net.endswith("/0") else ("-s", net)
+
+
 def _jumps(chain: str, *targets: str) -> tuple[Rule, ...]:
     return tuple(Rule(chain, ("-j", t)) for t in targets)
 
@@ -330,7 +350,7 @@ class _Builder:
         if firewall:
             assert ext is not None
             fw = fw_chain(sp)
-            self.nat[fw] = [("-s", cidr(src), *_comment(sid), "-j", ext) for src in blk.loadBalancerSourceRanges]
+            self.nat[fw] = [(*source(src), *_comment(sid), "-j", ext) for src in blk.loadBalancerSourceRanges]
         for ip in blk.externalIPs:
             if ext:
                 self.services.append(addr_rule(SERVICES, ip, "-j", ext))
@@ -347,7 +367,7 @@ class _Builder:
             elif blk.loadBalancerSourceRanges:  # nothing DNATed (no endpoints): the ranges' sources go
                 # on to the REJECT, the rest are dropped (as kube-proxy's nftables mode; its iptables
                 # mode rejects them all)
-                self.firewall += [addr_rule(FIREWALL, ip, "-j", "RETURN", source=("-s", cidr(src)))
+                self.firewall += [addr_rule(FIREWALL, ip, "-j", "RETURN", source=source(src))
                                   for src in blk.loadBalancerSourceRanges]
                 self.firewall.append(addr_rule(FIREWALL, ip, "-j", "DROP"))
         if sp.nodePort is not None:
@@ -367,8 +387,8 @@ class _Builder:
         if self.masquerade_all:
             return [(*_comment(sid), "-j", MARK_MASQ)]
         cidrs = self.opts.clusterCIDRs
-        if len(cidrs) == 1:
-            return [("!", "-s", cidr(cidrs[0]), *_comment(sid), "-j", MARK_MASQ)]
+        if len(cidrs) == 1:  # (a /0: every source a pod, none masqueraded, as nftables mode reads it)
+            return [("!", *pods, *_comment(sid), "-j", MARK_MASQ)] if (pods := source(cidrs[0])) else []
         if cidrs:
             return [(*_comment(sid), "-j", NON_POD_MASQ)]
         return []  # no way to tell pods from others: like kube-proxy without a local detector
@@ -387,11 +407,14 @@ class _Builder:
             if short:
                 if self.opts.clusterCIDRs:  # a pod of another node may be sent back to itself: its
                     # traffic here is masqueraded whichever endpoint it gets (rules, not a chain
-                    # per endpoint; this node's own pods have theirs, see _sep)
+                    # per endpoint; this node's own pods have theirs, see _sep). Only a source in a
+                    # cluster CIDR takes that path: another endpoint (a node's, hostNetwork) is
+                    # never sent back to itself here, and its node's traffic keeps its source IP.
                     rules += [("-s", self.fam.host(ep.ip), *_comment(sid), "-j", MARK_MASQ)
-                              for ep in short if ep not in blk.hairpinEndpoints]
+                              for ep in short if ep not in blk.hairpinEndpoints
+                              and in_cidrs(ep.ip, self.opts.clusterCIDRs)]
                 for c in self.opts.clusterCIDRs:
-                    rules += self._select(name, sp, blk, short, ("-s", cidr(c)))
+                    rules += self._select(name, sp, blk, short, source(c))
                 local = ("-m", "addrtype", "--src-type", "LOCAL")
                 rules.append((*_comment(sid), *local, "-j", MARK_MASQ))
                 rules += self._select(name, sp, blk, short, local)
@@ -496,7 +519,7 @@ class _Builder:
         nat[NODEPORTS] = tuple(self.nodeports)
         nat[MARK_MASQ] = (Rule(MARK_MASQ, ("-j", "MARK", "--set-xmark", f"{MASQ_MARK}/{MASQ_MARK}")),)
         if len(self.opts.clusterCIDRs) > 1 and not self.masquerade_all:
-            nat[NON_POD_MASQ] = (*(Rule(NON_POD_MASQ, ("-s", cidr(c), "-j", "RETURN")) for c in self.opts.clusterCIDRs),
+            nat[NON_POD_MASQ] = (*(Rule(NON_POD_MASQ, (*source(c), "-j", "RETURN")) for c in self.opts.clusterCIDRs),
                                  Rule(NON_POD_MASQ, ("-j", MARK_MASQ)))
         nat[POSTROUTING] = (
             Rule(POSTROUTING, ("-m", "mark", "!", "--mark", f"{MASQ_MARK}/{MASQ_MARK}", "-j", "RETURN")),
