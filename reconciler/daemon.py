@@ -842,13 +842,33 @@ def _of(services: tuple[str, ...], total: int) -> str:
 def nodeport_hosts(desired: DesiredState | None) -> list[str]:
     """The local addresses NodePorts answer on, per the document's nodePort CIDRs ('primary'
     resolved there; a family without: all of its addresses): where healthCheckNodePorts listen."""
+    return local_addresses(list(_nodeport_cidrs(desired)))
+
+
+def _nodeport_cidrs(desired: DesiredState | None) -> tuple[str, ...]:
     everything = {"ipv4": "0.0.0.0/0", "ipv6": "::/0"}
     if desired is None:
-        return local_addresses(list(everything.values()))
+        return tuple(everything.values())
     cidrs: list[str] = []
     for family, f in desired.families.items():
         cidrs += [everything[family]] if f.nodePortCIDRs is None else f.nodePortCIDRs
-    return local_addresses(cidrs)
+    return tuple(cidrs)
+
+
+class NodePortHosts:
+    """nodeport_hosts() of the run loop's current document, asked at every sync that has health
+    checks (see ServiceHealthServers): the local addresses are listed again only when the CIDRs
+    change (the Node's IP, with nodePortAddresses `primary`), not at every sync."""
+
+    def __init__(self, desired: Callable[[], DesiredState | None]) -> None:
+        self._desired = desired
+        self._last: tuple[tuple[str, ...], list[str]] | None = None
+
+    def __call__(self) -> list[str]:
+        cidrs = _nodeport_cidrs(self._desired())
+        if self._last is None or self._last[0] != cidrs:
+            self._last = (cidrs, local_addresses(list(cidrs)))
+        return self._last[1]
 
 
 def run(args: argparse.Namespace, opts: Options) -> int:
@@ -864,7 +884,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     backend = get_backend(opts.mode)
     metrics = Metrics(opts.mode)
     daemon = Daemon(opts, backend, None, metrics=metrics)
-    hosts: Any = default_hosts() if opts.nodeport_cidrs is None else (lambda: nodeport_hosts(daemon.desired))
+    hosts: Any = default_hosts() if opts.nodeport_cidrs is None else NodePortHosts(lambda: daemon.desired)
     daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts, node=opts.node_name or "")
 
     # an address in use is retried in the background while we proxy, unless bindAddressHardFail

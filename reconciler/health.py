@@ -438,6 +438,7 @@ def start_metrics_server(address: str, registry: Any, mode: str = "",
 class _ServiceEntry:
     check: HealthCheck  # the Service, its port and its local endpoints (per family), as last synced
     servers: list[HTTPServerThread] = field(default_factory=list)
+    hosts: tuple[str, ...] = ()  # the addresses it listens on
 
     @property
     def port(self) -> int:
@@ -522,7 +523,9 @@ def local_addresses(cidrs: Sequence[str]) -> list[str]:
 
 class ServiceHealthServers:
     """healthCheckNodePort servers, one per Service with a health check: opened when a service
-    appears, closed when it goes (or moves port), counts updated in place. A port that cannot be
+    appears, closed when it goes (or moves port), counts updated in place. With `hosts` a function
+    (the addresses NodePorts answer on, which follow the Node's IP with nodePortAddresses
+    `primary`), each sync asks it again, and servers on other addresses move. A port that cannot be
     bound on every address is closed on all, logged (and passed to `on_failure`: service, message;
     the run loop records it as kube-proxy's FailedToStartServiceHealthcheck Event) and retried at
     the next sync."""
@@ -555,10 +558,11 @@ class ServiceHealthServers:
         """Make the servers match `checks`; returns the error messages of ports that failed."""
         want = {h.service: h for h in checks}
         to_close: list[_ServiceEntry] = []
+        hosts: tuple[str, ...] | None = tuple(self.hosts()) if want and callable(self._hosts) else None
         with self._lock:
             for svc, e in list(self._entries.items()):
                 h = want.get(svc)
-                if h is None or h.nodePort != e.port:
+                if h is None or h.nodePort != e.port or (hosts is not None and e.hosts != hosts):
                     to_close.append(self._entries.pop(svc))
                 else:
                     e.check = h
@@ -566,12 +570,13 @@ class ServiceHealthServers:
         for e in to_close:
             for srv in e.servers:
                 srv.close()
-            log.info("closed health check server for %s on port %d", e.check.service, e.port)
+            moved = " (its addresses changed)" if e.check.service in want and e.port == want[e.check.service].nodePort else ""
+            log.info("closed health check server for %s on port %d%s", e.check.service, e.port, moved)
         errors = []
-        if missing:
-            hosts = self.hosts()
+        if missing and hosts is None:
+            hosts = tuple(self.hosts())
         for h in missing:
-            entry = _ServiceEntry(h)
+            entry = _ServiceEntry(h, hosts=hosts or ())
             try:
                 for host in hosts:
                     entry.servers.append(HTTPServerThread(host, h.nodePort, _ServiceHealthHandler,
@@ -589,8 +594,8 @@ class ServiceHealthServers:
             if entry.servers:
                 with self._lock:
                     self._entries[h.service] = entry
-                log.info("started health check server for %s on port %d (%s)", h.service, h.nodePort,
-                         describe_counts(h))
+                log.info("started health check server for %s on port %d (%s; on %s)", h.service, h.nodePort,
+                         describe_counts(h), ", ".join(hosts or ()) or "no address")
         return errors
 
     def close(self) -> None:

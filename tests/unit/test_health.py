@@ -468,6 +468,30 @@ def test_service_health_port_bound_on_only_some_addresses_is_retried_on_all() ->
         servers.close()
 
 
+def test_service_health_servers_move_when_the_addresses_they_take_change() -> None:
+    """With `hosts` a function (nodePortAddresses primary: the Node's IP, which may change while
+    running), each sync asks it again: a server on an address no longer named closes there and
+    opens on the new one (the load balancer's checks go to the node's current IP)."""
+    hosts = ["127.0.0.1"]
+    asked: list[int] = []
+    servers = ServiceHealthServers(lambda: True, hosts=lambda: asked.append(1) or list(hosts))
+    port = free_port()
+    try:
+        assert servers.sync([HealthCheck("ns/svc", port, 1)]) == []
+        assert get(f"http://127.0.0.1:{port}/")[0] == 200
+        first = servers.entry("ns/svc")
+        assert servers.sync([HealthCheck("ns/svc", port, 2)]) == []  # same addresses: kept, counts updated
+        assert servers.entry("ns/svc") is first and get(f"http://127.0.0.1:{port}/")[0] == 200
+        hosts[:] = ["127.0.0.2"]
+        assert servers.sync([HealthCheck("ns/svc", port, 2)]) == []
+        assert get(f"http://127.0.0.2:{port}/")[0] == 200
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        assert servers.sync([]) == [] and len(asked) == 3  # (no health check: nothing to ask)
+    finally:
+        servers.close()
+
+
 @needs_ipv6
 def test_service_health_default_hosts_are_one_dual_stack_socket() -> None:
     servers = ServiceHealthServers(lambda: True)
