@@ -171,6 +171,11 @@ class KubeSource:
         return self.source.counters.get("errors", 0)
 
     @property
+    def failing(self) -> str | None:
+        """Why the API cannot be read now (None: every informer reaches it)."""
+        return self.source.failing
+
+    @property
     def requests(self) -> tuple[str, dict[str, int]]:
         """(API server host, requests so far by status code): see KubernetesSource.requests."""
         return self.source.host, self.source.requests
@@ -216,6 +221,8 @@ class _InputState:
     errors: tuple[str, ...] = ()
     warnings: set[str] = field(default_factory=set)
     held: bool = False  # the errors hold back every change (a directory's), not just their objects
+    shown: tuple[str, str] | None = None  # what /healthz says of the errors: (summary, the first)
+    source_failing: str | None = None  # the source cannot be read now (the API out of reach): why
 
 
 class Daemon:
@@ -339,6 +346,12 @@ class Daemon:
         if isinstance(n, int) and n > self._source_errors_seen:
             self.metrics.source_errors.labels("source").inc(n - self._source_errors_seen)
             self._source_errors_seen = n
+        failing = getattr(self.source, "failing", None)
+        if not isinstance(failing, str):
+            failing = None
+        if failing != self._input.source_failing:  # (the API out of reach: degraded until it answers)
+            self._input.source_failing = failing
+            self._show_input_state()
         requests = getattr(self.source, "requests", None)
         if requests is not None:  # (the API's: client-go's rest_client_requests_total)
             host, counts = requests
@@ -594,15 +607,25 @@ class Daemon:
             self._input.errors = key
         self._input.held = kept
         summary = messages[0] + (f" (and {len(messages) - 1} more)" if len(messages) > 1 else "")
-        self.health.set_input_error(summary, first=messages[0])
-        self.metrics.degraded.set(1)
+        self._input.shown = (summary, messages[0])
+        self._show_input_state()
 
     def _input_ok(self) -> None:
         if self._input.errors:
             log.info("input is valid again")
-        self._input.errors, self._input.held = (), False
-        self.health.set_input_error(None)
-        self.metrics.degraded.set(0)
+        self._input.errors, self._input.held, self._input.shown = (), False, None
+        self._show_input_state()
+
+    def _show_input_state(self) -> None:
+        """/healthz's `degraded` (and reconciler_input_degraded): the source failing (the API out
+        of reach, its objects as last seen still programmed) first, else the input's errors."""
+        if self._input.source_failing is not None:
+            self.health.set_input_error(self._input.source_failing)
+        elif self._input.shown is not None:
+            self.health.set_input_error(*self._input.shown)
+        else:
+            self.health.set_input_error(None)
+        self.metrics.degraded.set(int(self._input.source_failing is not None or self._input.shown is not None))
 
     def _set_pending_changes(self) -> None:
         """A directory's changes read but not built yet (an invalid input holds them) as kube-proxy's

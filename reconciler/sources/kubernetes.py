@@ -121,6 +121,7 @@ class _Informer:
     synced: bool = False
     thread: threading.Thread | None = None
     failing: bool = False  # its requests have failed since it last reached the API server
+    last_error: str = ""  # the last of those failures, described
 
 
 def _described(exc: object) -> str:
@@ -230,6 +231,15 @@ class KubernetesSource:
         for inf in self._informers:
             if inf.thread is not None and inf.thread is not threading.current_thread():
                 inf.thread.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def failing(self) -> str | None:
+        """Why the API server cannot be read now: the first informer whose requests fail since it
+        last reached it, and its last error (None: all of them reach it)."""
+        for inf in self._informers:
+            if inf.failing:
+                return f"source: the API server cannot be read ({inf.kind} informer: {inf.last_error}); retrying"
+        return None
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         """True once every initial list (services, endpointslices, node) has completed."""
@@ -345,6 +355,7 @@ class KubernetesSource:
             self._counters["errors"] += 1
         delay = min(self._backoff_max, self._backoff_initial * 2**failures)
         delay *= random.uniform(0.8, 1.0)
+        inf.last_error = _described(exc)
         inf.failing = True
         log.warning("%s informer: %s; keeping what it has, retrying in %.2fs", inf.kind, _described(exc), delay)
         self._stop.wait(delay)

@@ -475,6 +475,38 @@ def test_api_requests_are_exported_as_client_go_does() -> None:
     assert got == {"200": 5, "<error>": 1, "503": 2}
 
 
+def test_an_api_out_of_reach_reports_degraded_until_it_answers_again() -> None:
+    """While the source cannot be read (an informer's requests fail: the API server out of reach,
+    or refusing us), /healthz says `degraded` with the reason, and reconciler_input_degraded is 1,
+    as the README says; a sync meanwhile (its objects as last seen) does not clear it. Once it
+    answers, the input's own errors, if any, are what is shown; else nothing."""
+    d, _, source, clock = make()
+    d.step()
+    reason = "source: the API server cannot be read (Service informer: connection refused); retrying"
+    source.failing = reason  # type: ignore[attr-defined]
+    d._poll_source_errors()
+    code, body = d.health.body(with_node=True)
+    assert code == 200 and body["degraded"] is True and body["lastError"] == reason
+    assert value(d, "reconciler_input_degraded") == 1
+    clock.advance(SYNC)
+    d.step()  # a periodic resync, with what the source last had
+    assert d.health.body(with_node=True)[1]["lastError"] == reason
+    source.errors = [InputError(Location("api: Service default/web", 0, 0), "must be 1-65535", ("spec",))]
+    d.notify()
+    clock.advance(SYNC)
+    d.step()  # an invalid object while the API is out of reach: the source's state first
+    assert d.health.body(with_node=True)[1]["lastError"] == reason
+    source.failing = None  # type: ignore[attr-defined]
+    d._poll_source_errors()
+    body = d.health.body(with_node=True)[1]
+    assert body["degraded"] is True and "must be 1-65535" in body["lastError"]
+    source.errors = []
+    d.notify()
+    clock.advance(SYNC)
+    d.step()
+    assert d.health.body(with_node=True)[1]["degraded"] is False and value(d, "reconciler_input_degraded") == 0
+
+
 def test_drift_logged(caplog: pytest.LogCaptureFixture) -> None:
     d, backend, source, clock = make(web() + web("10.96.0.11", name="api"))
     d.step()

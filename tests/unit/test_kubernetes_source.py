@@ -418,12 +418,17 @@ def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_so
     src = make_source(server)
     assert src.wait_synced(3)
     before = src.resource_version("Service")
+    assert src.failing is None
     server.stop()
     server.create(service("while-down"))
     server.delete("Service", "default", "c")
     assert wait_until(lambda: src.counters["errors"] >= 3 * 2)  # repeated failed reconnects
+    failing = src.failing  # (what the run loop's /healthz says meanwhile)
+    assert failing is not None and failing.startswith("source: the API server cannot be read (")
+    assert f"cannot reach the API server at 127.0.0.1:{server.port}" in failing
     server.start()
     assert wait_until(lambda: names(src, "Service") == {"a", "b", "while-down"})
+    assert wait_until(lambda: src.failing is None)
     # Re-watched from the last resourceVersion: no relist was needed.
     assert src.counters["relists"] == 0
     assert len(server.list_requests("Service")) == 1
