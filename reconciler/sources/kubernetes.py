@@ -22,6 +22,7 @@ import kubernetes.client
 import kubernetes.config
 import urllib3
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
 from ..desired import SERVICE_NAME_LABEL
 from ..metrics import trigger_time
@@ -139,9 +140,19 @@ def _described(exc: object) -> str:
     return str(exc)
 
 
-def load_api_client(kubeconfig: str | None = None) -> kubernetes.client.ApiClient:
+# TCP keepalive on the API connections (idle seconds, probe interval, probes): a watch whose
+# connection died without a reset (the API server's host lost, a load balancer's failover that
+# drops flows) would otherwise be noticed only when its read times out (330 s), every change
+# meanwhile unseen; so it is found in ~45 s, as client-go's HTTP/2 pings find it (30 s idle, then
+# 15 s), and the informer watches again on a new connection.
+API_KEEPALIVE = (30, 5, 3)
+
+
+def load_api_client(kubeconfig: str | None = None,
+                    keepalive: tuple[int, int, int] = API_KEEPALIVE) -> kubernetes.client.ApiClient:
     """ApiClient from the in-cluster service account (None) or from a kubeconfig file."""
     cfg = kubernetes.client.Configuration()
+    cfg.socket_options = tcp_keepalive_socket_options(*keepalive)
     if kubeconfig is None:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
