@@ -375,3 +375,29 @@ def test_serving_sets_are_per_family_and_shared_frontends_take_both() -> None:
     assert set(serving) == {"ipv4"}
     assert serving["ipv4"][("172.30.1.60", 53)] == {Endpoint(P, 5353), Endpoint(Q, 5353)}
     assert serving["ipv4"][("10.96.0.10", 53)] == {Endpoint(P, 5353)}
+
+
+def test_a_dual_stack_nodeport_whose_families_differ_is_a_frontend_of_each() -> None:
+    """A dual-stack UDP NodePort with externalTrafficPolicy Local, its IPv4 endpoint on this node and
+    its IPv6 one elsewhere, is listed once per family ("IPv4 nodePort 30053/udp", "IPv6 nodePort
+    30053/udp (drop)"): each is that family's frontend (apply removing it failed, after its commit,
+    reading "IPv4 nodePort 30053" as a port number)."""
+    from reconciler.backends import get_backend
+
+    n = node()
+    n.body["status"] = {"addresses": [{"type": "InternalIP", "address": "192.168.50.2"},  # type: ignore[index]
+                                      {"type": "InternalIP", "address": "fd00:50::2"}]}
+    objs = [n, service("dns", "10.96.0.50", [{**DNS, "nodePort": 30053}], type="NodePort",
+                       clusterIPs=["10.96.0.50", "fd00:96::50"], ipFamilies=["IPv4", "IPv6"],
+                       ipFamilyPolicy="RequireDualStack", externalTrafficPolicy="Local"),
+            dns_slice("dns", [endpoint("10.244.1.53")]),
+            endpoint_slice("dns", [endpoint("fd00:244:2::53", node="node-b")], port=5353, port_name="dns",
+                           family="IPv6", protocol="UDP")]
+    desired = build(objs, cluster_cidrs=("10.244.0.0/16", "fd00:244::/32"))
+    for mode in ("nftables", "iptables"):
+        backend = get_backend(mode)
+        views = backend.service_view(backend.render(desired))
+        assert {"IPv4 nodePort 30053/udp", "IPv6 nodePort 30053/udp (drop)"} <= set(
+            views["default/dns:dns/UDP"]["addresses"]), mode
+        assert {fe for fe in conntrack.view_frontends(views) if fe[1][0] is None} == {
+            ("ipv4", (None, 30053)), ("ipv6", (None, 30053))}, mode
