@@ -144,12 +144,15 @@ def ip_family(addr: str) -> Family:
     return "ipv6" if ":" in addr else "ipv4"
 
 
-def _split_cidrs(cidrs: Iterable[str]) -> dict[Family, tuple[str, ...]]:
-    out: dict[Family, list[str]] = {"ipv4": [], "ipv6": []}
+def _split_cidrs(cidrs: Iterable[str], merged: bool = False) -> dict[Family, tuple[str, ...]]:
+    """CIDRs per family; `merged`: overlapping and adjacent ones made one (as a set of addresses:
+    the cluster CIDRs, where one inside another, 10.0.0.0/8 and 10.244.0.0/16, made an nftables
+    interval set refuse the whole transaction)."""
+    out: dict[Family, list[Any]] = {"ipv4": [], "ipv6": []}
     for c in cidrs:
         net = ipaddress.ip_network(c, strict=False)
-        out["ipv4" if net.version == 4 else "ipv6"].append(str(net))
-    return {k: tuple(v) for k, v in out.items()}
+        out["ipv4" if net.version == 4 else "ipv6"].append(net)
+    return {k: tuple(str(n) for n in (ipaddress.collapse_addresses(v) if merged else v)) for k, v in out.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1169,7 +1172,7 @@ class BuildCache:
                     bisect.insort(self.sorted_ports, sp, key=_port_id)
                 if result[1] is not None:
                     self.health[key] = result[1]
-        cluster = _split_cidrs(opts.cluster_cidrs)
+        cluster = _split_cidrs(opts.cluster_cidrs, merged=True)
         service_cidrs = _split_cidrs(opts.service_cidrs)
         nodeport_cidrs = opts.nodeport_cidrs
         if node_obj is None and node_names:

@@ -424,3 +424,11 @@ def test_a_node_or_load_balancer_port_without_a_node_port_is_warned_at_its_field
     quiet = build([service("lb", "10.96.0.9", http, type="LoadBalancer", allocateLoadBalancerNodePorts=False),
                    service("ci", "10.96.0.8", http)])
     assert not [w for w in quiet.warnings if "nodePort" in w]
+
+
+def test_cluster_cidrs_one_inside_another_are_merged() -> None:
+    """--cluster-cidr 10.0.0.0/8,10.244.0.0/16 (an easy mistake): the same pods, one CIDR (an
+    nftables interval set refuses overlapping elements, which failed every transaction)."""
+    d = build([], cluster_cidrs=("10.244.0.0/16", "10.0.0.0/8", "fd00:244::/33", "fd00:244:8000::/33"))
+    assert d.families["ipv4"].clusterCIDRs == ("10.0.0.0/8",)
+    assert d.families["ipv6"].clusterCIDRs == ("fd00:244::/32",)
