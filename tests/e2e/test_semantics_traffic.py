@@ -59,6 +59,14 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         svc("ranges-node", ["10.96.1.51"], HTTP, type="LoadBalancer", status=lb("172.30.1.14"),
             loadBalancerSourceRanges=["172.30.0.0/30", "172.30.0.2/32"]),
         eps("ranges-node", ["pod1", "pod2"]),
+        # Two Services on one LB IP and port (the API server allows it), with overlapping ranges:
+        # the first by name serves it, with its own ranges alone (nftables refused both sets).
+        svc("shared-a", ["10.96.1.53"], HTTP, type="LoadBalancer", status=lb("172.30.1.18"),
+            loadBalancerSourceRanges=["172.30.0.100/32"]),
+        eps("shared-a", ["pod1"]),
+        svc("shared-b", ["10.96.1.54"], HTTP, type="LoadBalancer", status=lb("172.30.1.18"),
+            loadBalancerSourceRanges=["172.30.0.0/24"]),
+        eps("shared-b", ["pod2"]),
         # Source ranges and no endpoints: a source in the ranges is refused, any other dropped.
         svc("ranges-empty", ["10.96.1.52"], HTTP, type="LoadBalancer", status=lb("172.30.1.15"),
             loadBalancerSourceRanges=["172.30.0.100/32"]),
@@ -223,6 +231,13 @@ def test_load_balancer_source_ranges(lab, applied):
     assert outcomes(allowed) == {"ok": 5}
     assert outcomes(blocked) == {"timeout": 2}
     assert outcomes(nodeport) == {"ok": 5}
+
+
+def test_two_services_on_one_load_balancer_ip_and_port_the_first_with_its_own_ranges(lab, applied):
+    ok, dropped = concurrently([lambda: lab.tcp("ext1", "172.30.1.18", 80, count=10),
+                                lambda: lab.tcp("ext2", "172.30.1.18", 80, count=2, timeout=1.0)])
+    assert outcomes(ok) == {"ok": 10} and set(servers(ok)) == {"pod1"}
+    assert outcomes(dropped) == {"timeout": 2}  # (in shared-b's range, not in shared-a's)
 
 
 def test_load_balancer_source_ranges_without_endpoints(lab, applied):

@@ -325,11 +325,13 @@ def test_bodies_kept_back_are_released_by_a_later_call(tmp_path: Path) -> None:
 
 def shared_address_objects(i: int, version: int, endpoints: int) -> list:
     """Service s<i>: its own ClusterIP, the externalIP 192.0.2.77 and LB IP 192.0.2.88 on port 80
-    that every such service claims (the API server allows that), `endpoints` ready endpoints."""
+    that every such service claims (the API server allows that), `endpoints` ready endpoints,
+    source ranges that overlap another's (10.0.0.0/8, or its own 10.<i>.0.0/16)."""
     eps = [endpoint(f"10.244.{i}.{k + 1 + version}") for k in range(endpoints)]
     lb = {"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.88"}]}}}
     svc = service(f"s{i}", f"10.96.0.{i + 1}", HTTP, type="LoadBalancer", externalIPs=["192.0.2.77"],
-                  externalTrafficPolicy="Local" if version % 2 else "Cluster")
+                  externalTrafficPolicy="Local" if version % 2 else "Cluster",
+                  loadBalancerSourceRanges=[f"10.{i}.0.0/16"] if version % 3 else ["10.0.0.0/8"])
     svc.body.update(lb)
     return [svc, endpoint_slice(f"s{i}", eps)]
 
@@ -366,3 +368,11 @@ def test_addresses_several_services_claim_are_rendered_the_same_whatever_came_an
                 rules = iptables_render(desired).families["ipv4"]["nat"].chains["RECONCILER-SERVICES"]
                 first = next(r for r in rules if f"{ip}/32" in r.args)
                 assert first.args[first.args.index("--comment") + 1] == served[0]
+        # the LB IP's source ranges: those of the first of its Services alone (both sets would
+        # overlap, which nft refuses), as iptables mode's first rule sends it to that one's
+        allowed = {k.rsplit(" . ", 1)[1] for k in got.tables["ip reconciler"].sets["firewall-allow"].elements} \
+            if current else set()
+        if current:
+            first_svc = min(current)
+            ranges = current[first_svc][0].body["spec"]["loadBalancerSourceRanges"]
+            assert allowed == set(ranges), f"step {step}"

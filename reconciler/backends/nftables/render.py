@@ -20,6 +20,9 @@ from ...state import (
 from .objects import FAMILIES, TABLE, BaseHook, Chain, NftSet, Ruleset, Table, nft_duration
 
 Elements = dict[str, tuple[str | None, str | None]]
+# firewall-allow's, by LB IP . protocol . port: (the sources it allows, comment): claimed per address
+# as a whole (see Renderer._claim), and made one element per source when the table is built
+AllowedSources = dict[str, tuple[tuple[str, ...], str | None]]
 
 MASQ_BIT = 0x4000
 MARK_MASQ = "mark-for-masquerade"
@@ -303,7 +306,7 @@ class _Builder:
         self.no_ep_services: Elements = {}
         self.no_ep_nodeports: Elements = {}
         self.firewall_ips: Elements = {}
-        self.firewall_allow: Elements = {}
+        self.firewall_allow: AllowedSources = {}
         self.hairpin: Elements = {}
         self.cluster_ips: Elements = {}
 
@@ -338,10 +341,12 @@ class _Builder:
             if external.verdict != "forward":
                 self.no_ep_services[key] = (self._verdict(external), tag)
         if blk.loadBalancerSourceRanges:  # also without endpoints: a source outside them is dropped, not rejected
+            sources = tuple(canonical_cidr(src) for src in blk.loadBalancerSourceRanges)
             for ip in blk.loadBalancerIPs:
                 self.firewall_ips[f"{ip} . {proto} . {sp.port}"] = (None, tag)
-                for src in blk.loadBalancerSourceRanges:
-                    self.firewall_allow[f"{ip} . {proto} . {sp.port} . {canonical_cidr(src)}"] = (None, tag)
+                # (one entry per address: two Services on it allow the sources of the one that
+                # serves it, as in iptables mode, not both sets, which may overlap: nft refuses that)
+                self.firewall_allow[f"{ip} . {proto} . {sp.port}"] = (sources, tag)
         if sp.nodePort is not None:
             key = f"{proto} . {sp.nodePort}"
             if ext_target:
@@ -425,7 +430,9 @@ class _Builder:
             "no-endpoint-nodeports": _set("no-endpoint-nodeports", "inet_proto . inet_service", self.no_ep_nodeports,
                                           "verdict"),
             "firewall-ips": _set("firewall-ips", svc_key, self.firewall_ips),
-            "firewall-allow": _set("firewall-allow", f"{svc_key} . {addr}", self.firewall_allow, flags=("interval",)),
+            "firewall-allow": _set("firewall-allow", f"{svc_key} . {addr}",
+                                   {f"{k} . {src}": (None, tag) for k, (sources, tag) in self.firewall_allow.items()
+                                    for src in sources}, flags=("interval",)),
             "hairpin": _set("hairpin", f"{addr} . {addr} . inet_proto . inet_service", self.hairpin),
         }
         nodeport_match = self._nodeport_match()
