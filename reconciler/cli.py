@@ -377,6 +377,35 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
     raise AssertionError(args.command)
 
 
+_ACTIONS, _KINDS = ("+", "-", "~"), ("table", "chain", "rule", "set", "map", "element")
+
+
+def _check_saved_plan(mode: Any, ops: list[Any], other: Any, seen: Any) -> int:
+    """A saved plan as `plan -o json` writes it (schemas/plan.schema.json), whose every operation
+    is one its backend makes, on objects of ours (a plan is a file: it may have been edited);
+    raises ValueError saying what is not. Returns how many of the last operations are the other
+    mode's."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}")
+    if seen is not None and (type(seen) is not int or seen < 0):
+        raise ValueError(f"observedGeneration {seen!r} is no generation")
+    n_other = 0
+    if other is not None:
+        n_other = other["operations"]
+        if other["mode"] not in MODES or other["mode"] == mode or type(n_other) is not int \
+                or not 0 < n_other <= len(ops):
+            raise ValueError(f"otherMode {other!r} (another mode, and 1 to {len(ops)} operations)")
+    for i, op in enumerate(ops):
+        if op.action not in _ACTIONS or op.kind not in _KINDS or not isinstance(op.name, str) \
+                or not isinstance(op.text, str) or not isinstance(op.service, (str, type(None))):
+            raise ValueError(f"operations[{i}] is not an operation: {op.to_dict()}")
+        theirs = i >= len(ops) - n_other
+        reason = get_backend(other["mode"] if theirs else mode).foreign(op)
+        if reason is not None:
+            raise ValueError(f"operations[{i}]: {reason} (a plan only changes this tool's own objects)")
+    return n_other
+
+
 def _apply_saved(args: argparse.Namespace) -> int:
     """`apply --plan FILE`: the saved plan's operations, run as they are, when the kernel is still
     as the plan found it (its nf_tables ruleset generation, `observedGeneration`, unchanged:
@@ -384,14 +413,19 @@ def _apply_saved(args: argparse.Namespace) -> int:
     from .backends.base import Operation
     from .backends.generation import follows
 
-    text = sys.stdin.read() if args.plan == "-" else open(args.plan, encoding="utf-8").read()
+    try:
+        text = sys.stdin.read() if args.plan == "-" else open(args.plan, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{args.plan}: cannot read it: {exc}") from None
     try:
         doc = json.loads(text)
         mode, operations, other = doc["mode"], doc["operations"], doc.get("otherMode")
         seen = doc.get("observedGeneration")
         ops = [Operation(o["action"], o["kind"], o["object"], o["command"], o.get("service")) for o in operations]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{args.plan}: not a plan of `reconciler plan -o json` ({type(exc).__name__}: {exc})") from None
+        n_other = _check_saved_plan(mode, ops, other, seen)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{args.plan}: not a plan of `reconciler plan -o json` ({type(exc).__name__}: {exc}); "
+                         "nothing applied") from None
     if args.mode is not None and args.mode != mode:
         raise ValueError(f"{args.plan}: a plan of {mode} mode, not {args.mode}")
     backend = get_backend(mode)
@@ -402,7 +436,6 @@ def _apply_saved(args: argparse.Namespace) -> int:
     if now != seen:
         raise ValueError(f"{args.plan}: the kernel has changed since the plan was made (ruleset generation {seen}, "
                          f"now {now}): not applied; plan again")
-    n_other = other["operations"] if other else 0
     own, theirs = ops[:len(ops) - n_other], ops[len(ops) - n_other:]
     produced: list[int] | None = backend.apply(own) if own else []
     if theirs:

@@ -148,6 +148,11 @@ class Backend(Protocol):
         or for legacy iptables), or None when the backend cannot tell which (see drift.py and
         reconcile.apply, which trust the generation only as far as these name our commits)."""
 
+    def foreign(self, operation: Operation) -> str | None:
+        """Why `operation` (from a saved plan, which may have been edited) is not one this backend
+        makes: it names an object the tool does not own, or its command is not about its object;
+        None when it is one of ours."""
+
     def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
         """apply(operations) in two steps: the transaction written now (its text), run when the
         returned function is called (reconcile.apply writes it before describing the plan in

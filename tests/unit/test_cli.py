@@ -268,3 +268,64 @@ def test_a_service_cidr_of_every_address_is_refused(cidrs: str, capsys: pytest.C
     err = capsys.readouterr().err
     assert "--service-cidr: " in err and "/0 is every address" in err
     assert main(["render", "--source", STATE_DIR, "--node-name", "node-a", "--service-cidr", "10.96.0.0/16,fd00:96::/64"]) == 0
+
+
+def _saved_plan(tmp_path: Path, mode: str, edit: Any = None) -> str:
+    """A plan of the example state against an empty kernel, as `plan -o json` writes it (made
+    here without reading any kernel), optionally edited; its path."""
+    from reconciler.backends import get_backend
+    from reconciler.desired import BuildOptions, build_desired_state
+    from reconciler.plan import Plan
+    from reconciler.sources.manifests import load_directory
+
+    backend = get_backend(mode)
+    desired = build_desired_state(load_directory(STATE_DIR).objects, BuildOptions("node-a", ("10.244.0.0/16",)))
+    want = backend.render(desired)
+    doc = json.loads(Plan(mode, "node-a", operations=backend.diff(want, type(want)())).to_json())
+    doc["observedGeneration"] = 7
+    if edit is not None:
+        edit(doc)
+    path = tmp_path / f"{mode}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_a_saved_plan_is_checked_whole_before_anything_is_applied(
+        mode: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`apply --plan FILE` runs a file, which may have been edited: every operation must be one
+    the backend makes, on objects of ours, and the document one `plan -o json` writes; else
+    nothing is applied and the error says which operation and why (an added `delete table inet
+    theirs` was run, and an otherMode count that split the operations wrongly half-applied them)."""
+    from reconciler.cli import _check_saved_plan
+    from reconciler.backends.base import Operation
+
+    good = json.loads(Path(_saved_plan(tmp_path, mode)).read_text())
+    ops = [Operation(o["action"], o["kind"], o["object"], o["command"], o.get("service")) for o in good["operations"]]
+    assert len(ops) > 50 and _check_saved_plan(mode, ops, None, 7) == 0  # (every operation a real plan has passes)
+    theirs = ({"action": "-", "kind": "table", "object": "inet theirs", "command": "delete table inet theirs"}
+              if mode == "nftables" else
+              {"action": "-", "kind": "chain", "object": "iptables nat THEIRS", "command": "-X THEIRS"})
+    sneaky = ({"action": "+", "kind": "rule", "object": "ip reconciler chain x",
+               "command": "add rule ip reconciler x accept; delete table inet theirs"}
+              if mode == "nftables" else
+              {"action": "+", "kind": "rule", "object": "iptables nat PREROUTING",
+               "command": "-I PREROUTING 1 -j DROP"})
+    edits = {
+        "a foreign object": (lambda d: d["operations"].append(theirs), "is not ours"),
+        "a second command": (lambda d: d["operations"].append(sneaky), "operations["),
+        "an unknown action": (lambda d: d["operations"][0].update(action="?"), "is not an operation"),
+        "otherMode too many": (lambda d: d.update(otherMode={"mode": "iptables" if mode == "nftables" else "nftables",
+                                                             "operations": 100000}), "otherMode"),
+        "otherMode of its own mode": (lambda d: d.update(otherMode={"mode": mode, "operations": 1}), "otherMode"),
+        "otherMode splitting ours": (lambda d: d.update(otherMode={"mode": "iptables" if mode == "nftables"
+                                                                   else "nftables", "operations": 1}), "operations["),
+        "a generation as text": (lambda d: d.update(observedGeneration="7"), "observedGeneration"),
+    }
+    for what, (edit, said) in edits.items():
+        assert main(["apply", "--plan", _saved_plan(tmp_path, mode, edit)]) == 1, what
+        err = capsys.readouterr().err
+        assert said in err and "nothing applied" in err, (what, err)
+    (tmp_path / "latin.json").write_bytes(b'{"mode": "nftables", "node": "caf\xe9"}')
+    assert main(["apply", "--plan", str(tmp_path / "latin.json")]) == 1
+    assert f"{tmp_path / 'latin.json'}: cannot read it: 'utf-8' codec" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from ...state import DesiredState
 from ..base import KernelError, Operation, nodeport_address, view_entry, view_sets
 from ..generation import commits_between, generation
 from . import kernel
-from .diff import diff, restore_lines, rule_owner, script, services_of_rewritten_chains
+from .diff import diff, foreign, restore_lines, rule_owner, script, services_of_rewritten_chains
 from .observed import canonical_texts, read_our_tables
 from .render import (
     COMMANDS, ENDPOINTS_CHECK, EXT_PREFIX, EXTERNAL_CHECK, FW_PREFIX, NODEPORTS, SEP_PREFIX, SERVICES, SVC_PREFIX,
@@ -113,6 +113,9 @@ class IptablesBackend:
                     produced = None if produced is None or ours is None else produced + ours
             return produced
         return run
+
+    def foreign(self, operation: Operation) -> str | None:
+        return foreign(operation)
 
     def generation(self) -> int | None:
         """nf_tables' generation in the nft flavour; the legacy one keeps none."""

@@ -19,11 +19,14 @@ script() groups the lines into one restore per command (iptables / ip6tables) an
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 
 from ..base import Operation
 from .observed import Ahead, SavedChains
-from .render import COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_our_jump, is_service_chain
+from .render import (
+    COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_our_jump, is_ours, is_service_chain,
+)
 from .save import Rule, RuleOp
 
 RESTORE_ARGS = ("--noflush", "-w", "5")
@@ -187,6 +190,35 @@ def _edit_in_place(cmd: str, table: str, name: str, old: tuple[Rule, ...], new: 
     ops += [Operation("+", "rule", obj, RuleOp(table, "insert", new[i], i + 1).to_text(), rule_owner(new[i]))
             for i in added]
     return ops
+
+
+_LINE = re.compile(r"(?::(\S+) - \[0:0\]$|-([ADIX]) (\S+)(?: |$))")
+
+
+def foreign(op: Operation) -> str | None:
+    """Why an operation is not one diff() makes (see Backend.foreign): one restore line of a
+    chain of ours, or of one of our jump rules in a built-in chain, in the chain it names."""
+    cmd, _, rest = op.name.partition(" ")
+    table, _, chain = rest.partition(" ")
+    if cmd not in COMMANDS.values() or table not in TABLES or not chain:
+        return f"not an iptables object of ours: {op.name!r}"
+    m = _LINE.match(op.text)
+    if m is None or "\n" in op.text or "\r" in op.text:
+        return f"not one restore line of ours: {op.text!r}"
+    if (m.group(1) or m.group(3)) != chain:
+        return f"its line is not about chain {chain}: {op.text!r}"
+    if is_ours(chain):
+        return None
+    if m.group(2) in ("D", "I"):  # (a built-in chain: only our jump rules, inserted or deleted)
+        words = op.text.split(" ", 2)[2]
+        if m.group(2) == "I":
+            words = words.partition(" ")[2]
+        try:
+            if is_our_jump(Rule.from_text(f"-A {chain} {words}")):
+                return None
+        except ValueError:
+            pass
+    return f"chain {chain} is not ours, nor is the rule: {op.text!r}"
 
 
 def _phase(text: str) -> int:

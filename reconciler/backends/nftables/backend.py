@@ -10,7 +10,7 @@ from ...state import DesiredState
 from ..base import KernelError, Operation, nodeport_address, view_entry, view_sets
 from ..generation import generation
 from . import kernel
-from .diff import diff, owner, script, services_of_deleted_tables
+from .diff import diff, foreign, owner, script, services_of_deleted_tables
 from .objects import TABLE, Ruleset, Table, duration_seconds
 from .observe import each_table, observe
 from .render import Renderer, shard_of, shard_table_name
@@ -78,6 +78,9 @@ class NftablesBackend:
                 log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
                 return kernel.run_script(plain).generations
         return run
+
+    def foreign(self, operation: Operation) -> str | None:
+        return foreign(operation)
 
     def generation(self) -> int | None:
         return generation()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from ..base import Operation
-from .objects import Chain, NftSet, Ruleset, Table, element_text
+from .objects import FAMILIES, TABLE, Chain, NftSet, Ruleset, Table, element_text
 
 _PREFIXES = ("svc-", "ext-", "ep-", "aff-")
 
@@ -147,6 +147,33 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
     late_delete = [op for op in delete if not any(f.kind == "chain" and f.name == op.name for f in fill)]
     early_delete = [op for op in delete if op not in late_delete]
     return create + flush + early_delete + set_delete + set_create + elems + fill + late_delete
+
+
+_COMMAND = re.compile(r"(?:add|delete|flush) (table|chain|rule|set|map|element) (\S+) (\S+)(?: |$)")
+_OUR_TABLE = re.compile(rf"{TABLE}(?:-\d\d)?")
+
+
+def foreign(op: Operation) -> str | None:
+    """Why an operation is not one diff() makes (see Backend.foreign): one command, on one of our
+    tables, of the object it names."""
+    m = _COMMAND.match(op.text)
+    if m is None or "\n" in op.text or _outside_braces(op.text, ";"):
+        return f"not one nft command of ours: {op.text!r}"
+    family, table = m.group(2), m.group(3)
+    if family not in FAMILIES.values() or not _OUR_TABLE.fullmatch(table):
+        return f"table {family} {table} is not ours"
+    if op.name != f"{family} {table}" and not op.name.startswith(f"{family} {table} "):
+        return f"its command is about table {family} {table}, not {op.name!r}"
+    return None
+
+
+def _outside_braces(text: str, char: str) -> bool:
+    depth = 0
+    for c in text:
+        depth += (c == "{") - (c == "}")
+        if c == char and depth == 0:
+            return True
+    return False
 
 
 _SET_REF = re.compile(r"@([^\s,{}]+)")
