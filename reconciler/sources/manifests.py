@@ -139,8 +139,10 @@ class _FileLocator:
 
 
 def _text(raw: bytes) -> str:
-    """UTF-8 bytes as text with "\n" line breaks, as the first parse read them (CRLF too)."""
-    return _lf(raw.decode("utf-8"))
+    """A manifest's bytes as text with "\n" line breaks, as the first parse reads them: UTF-8, or
+    UTF-16 with its byte order mark (PowerShell's `>`, as kubectl's reader takes it too); CRLF too.
+    Raises UnicodeDecodeError."""
+    return _lf(raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8"))
 
 
 def _lf(text: str) -> str:
@@ -293,8 +295,7 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
     """The documents of one file (InputError naming the place of a syntax error)."""
     try:
         raw = read_bytes(path)
-        # UTF-16 with its byte order mark (PowerShell's `>`), as kubectl's reader takes it too
-        text = _lf(raw.decode("utf-16") if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else raw.decode("utf-8"))
+        text = _text(raw)
     except UnicodeDecodeError as exc:  # (named by line and column, not by the byte's offset)
         line_start = raw.rfind(b"\n", 0, exc.start) + 1
         column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1

@@ -237,6 +237,15 @@ def test_shapes_found_by_fuzzing_are_errors_at_their_place(tmp_path):
     with open(os.path.join(tmp_path, "svc.yaml"), "wb") as fh:
         fh.write(base.encode("utf-16"))
     assert [o.name for o in load_directory(tmp_path).objects] == ["web"]
+    # ... and its errors are placed in it as in UTF-8 (the locator read UTF-8 only: no line)
+    with open(os.path.join(tmp_path, "svc.yaml"), "wb") as fh:
+        fh.write(base.replace("port: 80", "port: 70000", 1).encode("utf-16"))
+    with open(os.path.join(tmp_path, "utf8.yaml.txt"), "w") as fh:  # (the same in UTF-8, not read: the place)
+        fh.write(base.replace("port: 80", "port: 70000", 1))
+    utf16 = all_errors(tmp_path)
+    assert "svc.yaml:" in utf16 and "port 70000 out of range" in utf16
+    os.replace(os.path.join(tmp_path, "utf8.yaml.txt"), os.path.join(tmp_path, "svc.yaml"))
+    assert all_errors(tmp_path) == utf16
     # a custom resource named like one of ours (Knative's Service) is skipped, not an error
     with open(os.path.join(tmp_path, "svc.yaml"), "w") as fh:
         fh.write(base + "---\napiVersion: serving.knative.dev/v1\nkind: Service\nmetadata: {name: hello}\n")
