@@ -13,7 +13,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, ip_family, normalize_ip
 from .fields import did_you_mean
-from .sources.objects import InputError, InputWarning, Location, format_path
+from .sources.objects import InputError, InputWarning, Location, format_path, type_name
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +206,9 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
             doc = yaml.load(fh)
     except OSError as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(Location(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                                         f"{exc.start})") from exc
     except MarkedYAMLError as exc:
         mark = exc.problem_mark
         raise InputError(Location(path, mark.line + 1, mark.column + 1) if mark else Location(path),
@@ -244,13 +247,12 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     nodeport_cidrs = _nodeport_addresses(doc, where)
     if nodeport_cidrs is not None:
         out["nodeport_cidrs"] = nodeport_cidrs
-    name = doc.get("hostnameOverride")
-    if isinstance(name, str) and name.strip():  # kube-proxy's node name, as --node-name
+    name = _string(doc, where, "hostnameOverride")
+    if name and name.strip():  # kube-proxy's node name, as --node-name
         out["node_name"] = name.strip().lower()
-    connection = doc.get("clientConnection")
-    kubeconfig = connection.get("kubeconfig") if isinstance(connection, dict) else None
+    kubeconfig = _string(doc, where, "clientConnection", "kubeconfig")
     if kubeconfig:
-        out["kubeconfig"] = str(kubeconfig)
+        out["kubeconfig"] = kubeconfig
     hard_fail = _bool(doc, where, "bindAddressHardFail")
     if hard_fail is not None:
         out["bind_address_hard_fail"] = hard_fail
@@ -288,6 +290,17 @@ def _bool(doc: dict[str, Any], where: Where, *keys: str) -> bool | None:
         return _YAML11_BOOLS[value]
     if value is not None and not isinstance(value, bool):
         raise InputError(where(*keys), f"expected true or false, got {value!r}", keys)
+    return value
+
+
+def _string(doc: dict[str, Any], where: Where, *keys: str) -> str | None:
+    """A string at `keys` (None if unset); anything else is an error, as kube-proxy's decoder
+    refuses it (a number for hostnameOverride was ignored: another node's name in effect)."""
+    value: Any = doc
+    for k in keys:
+        value = value.get(k) if isinstance(value, dict) else None
+    if value is not None and not isinstance(value, str):
+        raise InputError(where(*keys), f"expected string, got {type_name(type(value))}", keys)
     return value
 
 

@@ -73,6 +73,30 @@ def test_bad_config_names_file_and_line(tmp_path):
     assert f"{path}:3:1: mode: mode 'ipvs' is not supported" in str(exc.value)
 
 
+@pytest.mark.parametrize("line,value,where", [("hostnameOverride: Node-A", "hostnameOverride: 12345", "hostnameOverride"),
+                                              ("hostnameOverride: Node-A", "hostnameOverride: [node-a]", "hostnameOverride"),
+                                              ("hostnameOverride: Node-A",
+                                               "hostnameOverride: Node-A\nclientConnection: {kubeconfig: 7}",
+                                               "clientConnection.kubeconfig")])
+def test_a_string_setting_of_another_type_is_an_error_at_its_line(tmp_path, line, value, where):
+    """kube-proxy's decoder refuses a number where a string goes; a hostnameOverride of 12345 was
+    ignored, so the hostname named the node (which endpoints are local) without a word."""
+    path = tmp_path / "kp.yaml"
+    assert line in CONFIG
+    path.write_text(CONFIG.replace(line, value))
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert f"{where}: expected string, got" in str(exc.value) and f"{path}:" in str(exc.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "kp.yaml"
+    path.write_bytes(CONFIG.replace("Node-A", "N\u00e9").encode("latin-1"))
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert str(exc.value).startswith(f"{path}: not UTF-8 text (byte 0xe9")
+
+
 def test_settings_not_honoured_are_warned_about(tmp_path, caplog):
     path = tmp_path / "kp.yaml"
     path.write_text(CONFIG.replace("mode: iptables\n", "mode: iptables\ndetectLocalMode: NodeCIDR\n")
