@@ -402,7 +402,9 @@ def _conntrack(doc: dict[str, Any], where: Any) -> dict[str, Any]:
     for key, value in section.items():
         loc, path = where("conntrack", key), ("conntrack", key)
         if key not in CONNTRACK_KEYS:
-            log.warning("%s: conntrack.%s is not a KubeProxyConfiguration field; ignored", loc, key)
+            log.warning("%s", InputWarning(loc, f"not a field of KubeProxyConfiguration"
+                                                f"{did_you_mean(str(key), frozenset(CONNTRACK_KEYS))}; ignored, as "
+                                                "kube-proxy's lenient decoding ignores it", path))
             continue
         if value is None:
             continue

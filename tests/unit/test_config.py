@@ -413,11 +413,13 @@ def test_bad_conntrack_values_name_file_and_line(tmp_path, line, message):
 
 def test_conntrack_values_kube_proxy_reads_otherwise_are_warned_about(tmp_path, caplog):
     path = tmp_path / "kp.yaml"
-    path.write_text(CONFIG + "conntrack:\n  max: 1000000\n  udpTimeout: 1500ms\n")
+    path.write_text(CONFIG + "conntrack:\n  max: 1000000\n  udpTimeout: 1500ms\n  udpTimout: 30s\n")
     with caplog.at_level("WARNING"):
         cfg = load_kube_proxy_config(str(path))
     assert cfg["conntrack_udp_timeout"] == 1.5 and "conntrack_max" not in cfg
-    assert f"{path}:13:3: conntrack.max is not a KubeProxyConfiguration field; ignored" in caplog.text
+    assert f"{path}:13:3: conntrack.max: not a field of KubeProxyConfiguration; ignored" in caplog.text
+    assert f"{path}:15:3: conntrack.udpTimout: not a field of KubeProxyConfiguration (did you mean udpTimeout?)" \
+        in caplog.text  # (a misspelt key: its setting stays at the default)
     assert (f"{path}:14:3: conntrack.udpTimeout: 1500ms is not a whole number of seconds: 1 is written "
             "(kube-proxy truncates)") in caplog.text
 
