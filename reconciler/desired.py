@@ -356,7 +356,9 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         paths = [("spec", "clusterIPs", i) for i in range(len(ips))]
         single = r.get(("spec", "clusterIP"))
         if single is not None and single != ips[0]:  # the API server keeps the two in step
-            errors.append(r.error(("spec", "clusterIP"), f"{single!r} is not clusterIPs[0] ({ips[0]!r})"))
+            invalid = single not in ("", "None") and (not isinstance(single, str) or normalize_ip(single) is None)
+            errors.append(r.error(("spec", "clusterIP"), f"invalid IP address {single!r}" if invalid
+                                  else f"{single!r} is not clusterIPs[0] ({ips[0]!r})"))
     elif r.get(("spec", "clusterIP")) is not None:
         paths = [("spec", "clusterIP")]
     else:

@@ -310,6 +310,8 @@ def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
     assert "svc.yaml:12:7: spec.ports[0].nodePort: a ClusterIP Service has no nodePort" in msg
     msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n  clusterIPs: [10.96.0.2]"))
     assert "svc.yaml:7:3: spec.clusterIP: '10.96.0.1' is not clusterIPs[0] ('10.96.0.2')" in msg
+    msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.999\n  clusterIPs: [10.96.0.2]"))
+    assert "svc.yaml:7:3: spec.clusterIP: invalid IP address '10.96.0.999'" in msg  # (not "is not clusterIPs[0]")
     # ipFamilies names the family of each clusterIP, in order (kube-proxy reads them by index)
     msg = errors_for(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n  ipFamilies: [IPv6]"))
     assert "svc.yaml:8:16: spec.ipFamilies[0]: IPv6 is not the family of clusterIPs[0] (10.96.0.1)" in msg
