@@ -231,10 +231,14 @@ def may_hold_a_node(path: str) -> bool:
         return True
 
 
-def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False) -> LoadResult:
-    """Parse one manifest file into SourceObjects; raises InputError on syntax errors. `docs`:
-    the file's documents when they were already parsed (see parse_files). `share_keys`: see
-    fastyaml.load_all (for bodies kept alive long: the daemon's)."""
+def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False,
+              errors: list[InputError] | None = None) -> LoadResult:
+    """Parse one manifest file into SourceObjects; raises InputError on syntax errors, and on the
+    first object that is none of ours to read (no kind, apiVersion or name we take). With
+    `errors`, those objects' errors go there instead and the file's other objects are read (a
+    one-shot command reports all that is wrong at once; the watched directory holds a file with
+    an error back whole). `docs`: the file's documents when they were already parsed (see
+    parse_files). `share_keys`: see fastyaml.load_all (for bodies kept alive long: the daemon's)."""
     result = LoadResult()
     if docs is None:
         docs = _parse(path, share_keys)
@@ -243,7 +247,12 @@ def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False
         if doc is None:
             continue
         for item_path, obj in _expand(doc):
-            _collect(path, locator, doc_index, item_path, obj, result)
+            try:
+                _collect(path, locator, doc_index, item_path, obj, result)
+            except InputError as exc:
+                if errors is None:
+                    raise
+                errors.append(exc)
     return result
 
 
@@ -447,7 +456,7 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
             else:  # not done yet (or the worker died): parsed here rather than waited for
                 chunks[i].cancel()
         try:
-            part = load_file(path, parsed.get(path))
+            part = load_file(path, parsed.get(path), errors=errors)  # (an object's error: the others read)
         except InputError as exc:
             errors.append(exc)
             continue

@@ -137,11 +137,11 @@ def test_parsing_in_worker_processes_gives_what_parsing_here_gives(tmp_path, mon
     given = []
     real = manifests.load_file
 
-    def recording(path, docs=None):
+    def recording(path, docs=None, **kw):
         given.append(docs is not None)
         if len(given) <= 30:
             time.sleep(0.005)  # the workers start their chunks meanwhile
-        return real(path, docs)
+        return real(path, docs, **kw)
 
     monkeypatch.setattr(manifests, "load_file", recording)
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from reconciler.desired import BuildOptions, build_desired_state
-from reconciler.sources.manifests import load_directory
-from reconciler.sources.objects import InputErrors, Location, SourceObject
+from reconciler.sources.manifests import load_directory, load_file
+from reconciler.sources.objects import InputError, InputErrors, Location, SourceObject, in_place_order
 
 
 def errors_for(tmp_path, text: str) -> str:
@@ -673,3 +673,26 @@ def test_an_error_in_a_big_crlf_file_is_placed_by_its_document_alone(tmp_path, m
     msg = errors_for(tmp_path, ("---\n" + "---\n".join(docs)).replace("\n", "\r\n"))
     line = 1 + 300 * 12 + 1 + 9
     assert f"svc.yaml:{line}:7: spec.ports[0].port: port 70000 out of range" in msg
+
+
+def test_an_object_we_cannot_read_hides_no_other_object_of_its_file(tmp_path):
+    """A document whose apiVersion, kind or name we cannot take is an error of its own: the
+    file's other documents are read and checked all the same (it hid them: one error per file),
+    in the order of their lines. The watched directory still holds such a file back whole."""
+    text = ("apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  clusterIP: 10.96.0.5\n"
+            "  ports: [{port: 70000}]\n---\n"
+            "apiVersion: v2\nkind: Service\nmetadata: {name: b}\nspec: {clusterIP: 10.96.0.6, ports: [{port: 80}]}\n---\n"
+            "apiVersion: v1\nkind: Service\nmetadata: {namespace: default}\nspec: {clusterIP: 10.96.0.7}\n")
+    with open(os.path.join(tmp_path, "m.yaml"), "w") as fh:
+        fh.write(text)
+    from reconciler.config import Options
+    from reconciler.reconcile import load_desired
+
+    with pytest.raises(InputErrors) as exc:  # (as validate, plan and apply read a directory)
+        load_desired(str(tmp_path), Options(node_name="node-a"))
+    msg = "\n".join(map(str, in_place_order(exc.value.errors)))
+    at = [msg.index(s) for s in ("m.yaml:6:", "m.yaml:8:1: apiVersion: unsupported apiVersion 'v2'",
+                                 "m.yaml:15:1: metadata.name: is required")]
+    assert at == sorted(at), msg
+    with pytest.raises(InputError):  # (one object's error is the file's, read alone: the watcher's way)
+        load_file(os.path.join(tmp_path, "m.yaml"))
