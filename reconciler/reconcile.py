@@ -332,11 +332,15 @@ def clean_conntrack(planned: Planned) -> conntrack.Result | None:
 
 
 def _unseen_udp_frontends(backend: Any, planned: Planned) -> set[tuple[Family, conntrack.Frontend]]:
-    """On a process's first apply, the frontends of the UDP service ports the plan removed, as the
-    kernel held them: they were frontends before this process, which cannot know it otherwise."""
+    """On a process's first apply, the frontends the UDP service ports the plan touches had, as the
+    kernel held them, that no UDP service port has now (a port removed, or one that lost an
+    externalIP, its nodePort, its port number, a family): they were frontends before this process,
+    which cannot know it otherwise (the run loop, which saw them, compares its ports itself)."""
     if not conntrack.RECONCILER.first or planned.observed_model is None:
         return set()
-    removed = {s for s in planned.touched(backend) if s.endswith("/UDP")}
-    if removed:
-        removed -= {sp.id for sp in planned.desired.services if sp.protocol == "UDP"}
-    return conntrack.view_frontends(backend.service_view(planned.observed_model, removed)) if removed else set()
+    touched = {s for s in planned.touched(backend) if s.endswith("/UDP")}
+    if not touched:
+        return set()
+    had = conntrack.view_frontends(backend.service_view(planned.observed_model, touched))
+    return had - {(family, frontend) for sp in planned.desired.services if sp.protocol == "UDP"
+                  for family, frontend, _ in conntrack.frontends(sp)}

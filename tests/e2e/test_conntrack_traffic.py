@@ -166,6 +166,23 @@ def test_flows_of_a_removed_endpoint_are_deleted_on_every_frontend(lab: Lab, sta
     assert all(outcomes(r)["ok"] == 0 for r in probe(1))
 
 
+def test_a_frontend_a_udp_service_loses_has_its_flows_deleted_by_apply(lab: Lab, state: Applied) -> None:
+    """(d) A UDP service keeps its ClusterIP but loses its externalIP and its nodePort: `apply` (a
+    process that never saw them as frontends) deletes the flows to those, which went on to pod1
+    past the rules (only the run loop, which saw them, did); the ClusterIP's flow goes on."""
+    ip, xip, port = "10.96.7.36", "172.30.1.72", ports(state, 7)
+    before = [dns("lose", [ip], type="NodePort", nodePort=30756, externalIPs=[xip]), dns_eps("lose", ["pod1"])]
+    clients = [("pod2", ip, 53), ("ext1", xip, 53), ("ext1", NODE_IP, 30756)]
+    put(lab, state, before)
+    for i, (host, addr, p) in enumerate(clients):
+        assert set(servers(lab.udp(host, addr, p, count=2, source_port=port + i))) == {"pod1"}
+    put(lab, state, [dns("lose", [ip]), dns_eps("lose", ["pod1"])])
+    assert packets(lab, port) == 2 and flows(lab, port + 1) == [] and flows(lab, port + 2) == []
+    assert set(servers(lab.udp("pod2", ip, 53, source_port=port))) == {"pod1"}
+    assert all(outcomes(lab.udp(h, a, p, count=1, timeout=1.0, source_port=port + i))["ok"] == 0
+               for i, (h, a, p) in enumerate(clients) if i)
+
+
 def test_healthy_flows_go_on_through_a_mode_switch(lab: Lab, state: Applied) -> None:
     """A switch of mode is a cold start (every rule of the new mode is new): the flows of a
     ClusterIP and of a NodePort whose endpoint serves go on, the same entries, there and back."""

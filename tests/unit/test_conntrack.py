@@ -368,6 +368,22 @@ def test_a_process_first_apply_cleans_the_frontends_of_udp_services_removed_befo
         ("ipv4", ("10.96.0.20", 53)), ("ipv6", ("fd00:96::20", 53)), ("ipv4", (None, 30054)), ("ipv6", (None, 30054))}
 
 
+def test_a_process_first_apply_cleans_the_frontends_a_udp_service_port_lost_before_it(
+        conntrack_in_memory: FakeConntrack) -> None:
+    """A UDP service port that is still there but lost a frontend (its externalIP, its nodePort)
+    since what the kernel holds: on a process's first apply those frontends are cleaned as ones
+    without endpoints (only the run loop, which saw them, did), its remaining ones kept."""
+    table = conntrack_in_memory
+    old = {"addresses": ["10.96.0.20:53/udp", "172.30.1.70:53/udp", "nodePort 30054/udp"], "endpoints": [f"{P}:5353"]}
+    backend = ViewBackend({"default/dns:dns/UDP": old})
+    to_lost = [flow("172.30.1.70", 53, P), flow("172.30.0.2", 30054, P, sport=1)]
+    kept = flow("10.96.0.20", 53, P, sport=2)
+    table.entries = [*to_lost, kept]
+    desired = build([service("dns", "10.96.0.20", [DNS]), dns_slice("dns", [endpoint(P)])])
+    apply(backend, make_plan(backend, desired, observed_model=backend.observe()))
+    assert table.entries == [kept]
+
+
 def test_serving_sets_are_per_family_and_shared_frontends_take_both() -> None:
     d = build([service("a", "10.96.0.10", [DNS], externalIPs=["172.30.1.60"]), dns_slice("a", [endpoint(P)]),
                service("b", "10.96.0.11", [DNS], externalIPs=["172.30.1.60"]), dns_slice("b", [endpoint(Q)])])
