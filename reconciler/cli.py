@@ -395,12 +395,13 @@ def _check_saved_plan(mode: Any, ops: list[Any], other: Any, seen: Any) -> int:
         if other["mode"] not in MODES or other["mode"] == mode or type(n_other) is not int \
                 or not 0 < n_other <= len(ops):
             raise ValueError(f"otherMode {other!r} (another mode, and 1 to {len(ops)} operations)")
+    backends = {mode: get_backend(mode), **({other["mode"]: get_backend(other["mode"])} if other else {})}
     for i, op in enumerate(ops):
         if op.action not in _ACTIONS or op.kind not in _KINDS or not isinstance(op.name, str) \
                 or not isinstance(op.text, str) or not isinstance(op.service, (str, type(None))):
             raise ValueError(f"operations[{i}] is not an operation: {op.to_dict()}")
         theirs = i >= len(ops) - n_other
-        reason = get_backend(other["mode"] if theirs else mode).foreign(op)
+        reason = backends[other["mode"] if theirs else mode].foreign(op)
         if reason is not None:
             raise ValueError(f"operations[{i}]: {reason} (a plan only changes this tool's own objects)")
     return n_other

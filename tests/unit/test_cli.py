@@ -308,9 +308,9 @@ def test_a_saved_plan_is_checked_whole_before_anything_is_applied(
               {"action": "-", "kind": "chain", "object": "iptables nat THEIRS", "command": "-X THEIRS"})
     sneaky = ({"action": "+", "kind": "rule", "object": "ip reconciler chain x",
                "command": "add rule ip reconciler x accept; delete table inet theirs"}
-              if mode == "nftables" else
-              {"action": "+", "kind": "rule", "object": "iptables nat PREROUTING",
-               "command": "-I PREROUTING 1 -j DROP"})
+              if mode == "nftables" else  # (our comment on a rule of the host's own: not one of our jumps)
+              {"action": "+", "kind": "rule", "object": "iptables filter INPUT",
+               "command": '-I INPUT 1 -p tcp -m tcp --dport 22 -m comment --comment "service-reconciler x" -j DROP'})
     edits = {
         "a foreign object": (lambda d: d["operations"].append(theirs), "is not ours"),
         "a second command": (lambda d: d["operations"].append(sneaky), "operations["),

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from ..base import Operation
 from .observed import Ahead, SavedChains
 from .render import (
-    COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_our_jump, is_ours, is_service_chain,
+    COMMANDS, JUMP_COMMENT, TABLES, IptablesModel, TableState, is_our_jump, is_ours, is_service_chain, wanted_jumps,
 )
 from .save import Rule, RuleOp
 
@@ -214,11 +214,15 @@ def foreign(op: Operation) -> str | None:
         if m.group(2) == "I":
             words = words.partition(" ")[2]
         try:
-            if is_our_jump(Rule.from_text(f"-A {chain} {words}")):
-                return None
+            rule = Rule.from_text(f"-A {chain} {words}")
         except ValueError:
-            pass
-    return f"chain {chain} is not ours, nor is the rule: {op.text!r}"
+            rule = None
+        # inserted: one of the jumps we put there, exactly; deleted: a jump of ours to a chain of
+        # ours (an older version's too), not any rule that carries our comment
+        if rule is not None and (rule.args in {r.args for r in wanted_jumps(table) if r.chain == chain}
+                                 if m.group(2) == "I" else is_our_jump(rule) and is_ours(rule.target or "")):
+            return None
+    return f"chain {chain} is not ours, nor is the rule one of our jumps: {op.text!r}"
 
 
 def _phase(text: str) -> int:
