@@ -37,6 +37,7 @@ import math
 import signal
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Iterable, Protocol
@@ -880,18 +881,21 @@ def _nodeport_cidrs(desired: DesiredState | None) -> tuple[str, ...]:
 
 class NodePortHosts:
     """nodeport_hosts() of the run loop's current document, asked at every sync that has health
-    checks (see ServiceHealthServers): the local addresses are listed again only when the CIDRs
-    change (the Node's IP, with nodePortAddresses `primary`), not at every sync."""
+    checks (see ServiceHealthServers): the local addresses are listed again when the CIDRs change
+    (the Node's IP, with nodePortAddresses `primary`) and at most every `ttl` seconds otherwise (an
+    address made or renumbered inside them, or a listing that failed), not at every sync."""
 
-    def __init__(self, desired: Callable[[], DesiredState | None]) -> None:
+    def __init__(self, desired: Callable[[], DesiredState | None], ttl: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._desired = desired
-        self._last: tuple[tuple[str, ...], list[str]] | None = None
+        self._ttl, self._clock = ttl, clock
+        self._last: tuple[tuple[str, ...], float, list[str]] | None = None
 
     def __call__(self) -> list[str]:
-        cidrs = _nodeport_cidrs(self._desired())
-        if self._last is None or self._last[0] != cidrs:
-            self._last = (cidrs, local_addresses(list(cidrs)))
-        return self._last[1]
+        cidrs, now = _nodeport_cidrs(self._desired()), self._clock()
+        if self._last is None or self._last[0] != cidrs or now - self._last[1] >= self._ttl:
+            self._last = (cidrs, now, local_addresses(list(cidrs)))
+        return self._last[2]
 
 
 def run(args: argparse.Namespace, opts: Options) -> int:

@@ -1893,23 +1893,26 @@ def test_health_check_ports_listen_where_nodeports_answer_primary_resolved(monke
     assert asked == [["10.0.0.7/32", "::/0"]]
 
 
-def test_health_check_addresses_are_listed_again_only_when_the_nodeport_cidrs_change(
+def test_health_check_addresses_are_listed_again_when_the_nodeport_cidrs_change_or_after_a_while(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The run loop's health check servers ask for their addresses at every sync with health
-    checks: the local addresses are listed (`ip -j addr`) again only when the document's nodePort
-    CIDRs change (the Node's IP moved), not at every sync."""
+    checks: the local addresses are listed (`ip -j addr`) again when the document's nodePort CIDRs
+    change (the Node's IP moved), and otherwise at most every 30 s (an address made inside them
+    later, a listing that failed), not at every sync."""
     import reconciler.daemon as daemon_mod
 
     asked: list[list[str]] = []
     monkeypatch.setattr(daemon_mod, "local_addresses", lambda cidrs: asked.append(list(cidrs)) or [cidrs[0]])
     current: list[Any] = [None]
-    hosts = daemon_mod.NodePortHosts(lambda: current[0])
-    for ip in ("10.0.0.7", "10.0.0.7", "10.0.0.8"):
+    now = [0.0]
+    hosts = daemon_mod.NodePortHosts(lambda: current[0], clock=lambda: now[0])
+    for ip, t in (("10.0.0.7", 0.0), ("10.0.0.7", 10.0), ("10.0.0.8", 11.0), ("10.0.0.8", 40.0), ("10.0.0.8", 42.0)):
+        now[0] = t
         n = node()
         n.body["status"] = {"addresses": [{"type": "InternalIP", "address": ip}]}  # type: ignore[index]
         current[0] = build([n, *web()], nodeport_cidrs=("primary",))
         assert hosts() == [f"{ip}/32"]
-    assert asked == [["10.0.0.7/32", "::/0"], ["10.0.0.8/32", "::/0"]]
+    assert asked == [["10.0.0.7/32", "::/0"], ["10.0.0.8/32", "::/0"], ["10.0.0.8/32", "::/0"]]
 
 
 def test_urllib3_retry_warnings_are_not_logged_but_its_errors_are() -> None:
