@@ -342,5 +342,9 @@ def _unseen_udp_frontends(backend: Any, planned: Planned) -> set[tuple[Family, c
     if not touched:
         return set()
     had = conntrack.view_frontends(backend.service_view(planned.observed_model, touched))
-    return had - {(family, frontend) for sp in planned.desired.services if sp.protocol == "UDP"
-                  for family, frontend, _ in conntrack.frontends(sp)}
+    wanted = [(family, frontend) for sp in planned.desired.services if sp.protocol == "UDP"
+              for family, frontend, _ in conntrack.frontends(sp)]
+    # (a view names a single-stack port's nodePort without its family: both are read from it, and
+    # neither is one that went while the port still has that nodePort)
+    nodeports = {frontend for _, frontend in wanted if frontend[0] is None}
+    return {key for key in had if key not in set(wanted) and key[1] not in nodeports}

@@ -384,6 +384,21 @@ def test_a_process_first_apply_cleans_the_frontends_a_udp_service_port_lost_befo
     assert table.entries == [kept]
 
 
+def test_a_process_first_apply_leaves_the_other_familys_flows_to_a_single_stack_nodeport(
+        conntrack_in_memory: FakeConntrack) -> None:
+    """A single-stack (IPv4) UDP NodePort that changed before this process: its view names the
+    nodePort without a family, read as both; the IPv6 flows to that port number are no service
+    traffic and stay."""
+    from reconciler.reconcile import _unseen_udp_frontends
+
+    old = {"addresses": ["10.96.0.20:53/udp", "nodePort 30054/udp"], "endpoints": [f"{P}:5353"]}
+    backend = ViewBackend({"default/dns:dns/UDP": old})
+    desired = build([service("dns", "10.96.0.20", [{**DNS, "nodePort": 30054}], type="NodePort"),
+                     dns_slice("dns", [endpoint(Q)])])
+    planned = make_plan(backend, desired, observed_model=backend.observe())
+    assert _unseen_udp_frontends(backend, planned) == set()
+
+
 def test_serving_sets_are_per_family_and_shared_frontends_take_both() -> None:
     d = build([service("a", "10.96.0.10", [DNS], externalIPs=["172.30.1.60"]), dns_slice("a", [endpoint(P)]),
                service("b", "10.96.0.11", [DNS], externalIPs=["172.30.1.60"]), dns_slice("b", [endpoint(Q)])])
