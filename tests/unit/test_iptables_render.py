@@ -1169,3 +1169,14 @@ def test_a_cluster_cidr_of_every_address_masquerades_no_clusterip_traffic():
         assert not any("0.0.0.0/0" in r.args for rules in nat.values() for r in rules)
         svc = next(rs for name, rs in nat.items() if name.startswith("RECONCILER-SVC-"))
         assert not any(r.target in ("RECONCILER-MARK-MASQ", NON_POD_MASQ) for r in svc) and NON_POD_MASQ not in nat
+
+
+@pytest.mark.parametrize("cidrs", [("10.244.0.0/16", "fd00:244::/32"), ("0.0.0.0/0", "::/0")])
+def test_both_backends_read_the_example_the_same_whatever_the_cluster_cidrs(cidrs):
+    """The service views (what a plan says of each service port) of the example state are the same
+    in both modes; with a cluster CIDR of every address the iptables pod short-circuit has no -s
+    and was read as the external path (shop/frontend's externalEndpoints went missing)."""
+    desired = build_desired_state(load_directory(STATE_DIR).objects, BuildOptions("node-a", cidrs))
+    views = [b.service_view(b.render(desired)) for b in (IptablesBackend(), NftablesBackend())]
+    assert views[0] == views[1]
+    assert "externalEndpoints" in views[0]["shop/frontend:https/TCP"]

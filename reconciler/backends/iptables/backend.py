@@ -238,7 +238,10 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
             # EXT: external traffic (see render), but for its ETP Local short-circuit rules (-s, or a
             # LOCAL source): traffic of this node's pods and of the node itself, not listed
             external = name.startswith(EXT_PREFIX)
-            for r in rules:
+            # (the short-circuit rules all come before the local path's, the LOCAL-source ones last:
+            # with a cluster CIDR of every address the pods' have no -s to tell them by)
+            short = max((i for i, r in enumerate(rules) if "--src-type" in r.args), default=-1) if external else -1
+            for i, r in enumerate(rules):
                 sid = rule_owner(r)
                 if not sid or (only is not None and sid not in only):
                     continue
@@ -249,7 +252,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                     continue
                 if "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
                     entry(sid)["affinity"].add(f"ClientIP {seconds}s")
-                if external and (_value(r.args, "-s") or "--src-type" in r.args):
+                if external and (i <= short or _value(r.args, "-s")):
                     continue
                 if ep := _endpoint(r, nat.chains):
                     sets = entry(sid)
