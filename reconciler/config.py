@@ -200,15 +200,19 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     defaulted and validated as kube-proxy does (errors name file:line). `mode` (--mode) wins over
     the file's in choosing the section read, `nftables:` or `iptables:`."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            yaml = YAML(typ="rt")
-            yaml.preserve_quotes = True  # (a quoted 'yes' stays a string: see _bool)
-            doc = yaml.load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
+        text = raw.decode("utf-8")
+        yaml = YAML(typ="rt")
+        yaml.preserve_quotes = True  # (a quoted 'yes' stays a string: see _bool)
+        doc = yaml.load(text)
     except OSError as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise InputError(Location(path), f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
-                                         f"{exc.start})") from exc
+    except UnicodeDecodeError as exc:  # (by line and column, as a manifest's)
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1
+        raise InputError(Location(path, raw.count(b"\n", 0, exc.start) + 1, column),
+                         f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from exc
     except MarkedYAMLError as exc:
         mark = exc.problem_mark
         raise InputError(Location(path, mark.line + 1, mark.column + 1) if mark else Location(path),

@@ -91,10 +91,11 @@ def test_a_string_setting_of_another_type_is_an_error_at_its_line(tmp_path, line
 
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
     path = tmp_path / "kp.yaml"
-    path.write_bytes(CONFIG.replace("Node-A", "N\u00e9").encode("latin-1"))
-    with pytest.raises(InputError) as exc:
+    path.write_bytes(("# padding\n" * 2000 + CONFIG.replace("Node-A", "N\u00e9")).encode("latin-1"))
+    with pytest.raises(InputError) as exc:  # (placed in the file, past the first chunk a reader decodes)
         load_kube_proxy_config(str(path))
-    assert str(exc.value).startswith(f"{path}: not UTF-8 text (byte 0xe9")
+    line = 2000 + next(i for i, t in enumerate(CONFIG.splitlines(), 1) if "Node-A" in t)
+    assert str(exc.value) == f"{path}:{line}:20: not UTF-8 text (byte 0xe9)"
 
 
 def test_settings_not_honoured_are_warned_about(tmp_path, caplog):
