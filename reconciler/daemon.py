@@ -620,8 +620,8 @@ class Daemon:
     def _show_input_state(self) -> None:
         """/healthz's `degraded` (and reconciler_input_degraded): the source failing (the API out
         of reach, its objects as last seen still programmed) first, else the input's errors."""
-        if self._input.source_failing is not None:
-            self.health.set_input_error(self._input.source_failing)
+        if self._input.source_failing is not None:  # (its time: since the source failed, whatever it says)
+            self.health.set_input_error(self._input.source_failing, first="source")
         elif self._input.shown is not None:
             self.health.set_input_error(*self._input.shown)
         else:

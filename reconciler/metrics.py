@@ -149,7 +149,9 @@ class Metrics:
         self.syncs = Counter("reconciler_syncs_total", "Syncs by type (full, incremental) and result",
                              ["type", "result"], registry=r)
         self.degraded = Gauge("reconciler_input_degraded",
-                              "1 while the current input is invalid and the last good state is kept", registry=r)
+                              "1 while the input is degraded: the source cannot be read (the API out of reach "
+                              "for 10 s or more), or what it holds is invalid and the last good state is kept",
+                              registry=r)
         self.services = Gauge("reconciler_service_ports", "Service ports in the applied desired state", registry=r)
         for reason in ("invalid", "source"):
             self.source_errors.labels(reason)

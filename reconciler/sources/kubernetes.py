@@ -123,6 +123,7 @@ class _Informer:
     thread: threading.Thread | None = None
     failing: bool = False  # its requests have failed since it last reached the API server
     last_error: str = ""  # the last of those failures, described
+    failing_since: float | None = None  # (monotonic) when the first of them happened
 
 
 def _described(exc: object) -> str:
@@ -243,12 +244,16 @@ class KubernetesSource:
             if inf.thread is not None and inf.thread is not threading.current_thread():
                 inf.thread.join(max(0.0, deadline - time.monotonic()))
 
+    FAILING_AFTER = 10.0  # seconds: a relist, a watch closed at once, one reset are retried sooner
+
     @property
     def failing(self) -> str | None:
-        """Why the API server cannot be read now: the first informer whose requests fail since it
-        last reached it, and its last error (None: all of them reach it)."""
+        """Why the API server cannot be read now: the first informer whose requests have failed for
+        FAILING_AFTER seconds or more since it last reached it, and its last error (None: none)."""
+        now = time.monotonic()
         for inf in self._informers:
-            if inf.failing:
+            since = inf.failing_since
+            if inf.failing and since is not None and now - since >= self.FAILING_AFTER:
                 return f"source: the API server cannot be read ({inf.kind} informer: {inf.last_error}); retrying"
         return None
 
@@ -367,6 +372,8 @@ class KubernetesSource:
         delay = min(self._backoff_max, self._backoff_initial * 2**failures)
         delay *= random.uniform(0.8, 1.0)
         inf.last_error = _described(exc)
+        if not inf.failing:
+            inf.failing_since = time.monotonic()
         inf.failing = True
         log.warning("%s informer: %s; keeping what it has, retrying in %.2fs", inf.kind, _described(exc), delay)
         self._stop.wait(delay)

@@ -422,6 +422,9 @@ def test_server_restart_reconnects_and_catches_up(server: FakeAPIServer, make_so
     server.stop()
     server.create(service("while-down"))
     server.delete("Service", "default", "c")
+    assert wait_until(lambda: src.counters["errors"] >= 1)
+    assert src.failing is None  # (a failure retried within FAILING_AFTER seconds is not an outage yet)
+    src.FAILING_AFTER = 0.0
     assert wait_until(lambda: src.counters["errors"] >= 3 * 2)  # repeated failed reconnects
     failing = src.failing  # (what the run loop's /healthz says meanwhile)
     assert failing is not None and failing.startswith("source: the API server cannot be read (")
