@@ -344,8 +344,9 @@ class _Builder:
             sources = tuple(canonical_cidr(src) for src in blk.loadBalancerSourceRanges)
             for ip in blk.loadBalancerIPs:
                 self.firewall_ips[f"{ip} . {proto} . {sp.port}"] = (None, tag)
-                # (one entry per address: two Services on it allow the sources of the one that
-                # serves it, as in iptables mode, not both sets, which may overlap: nft refuses that)
+                # (one entry per address: two Services on it allow the sources of the first of them
+                # that has ranges, not both sets, which may overlap: nft refuses that; iptables mode
+                # lets the first of them all decide, ranges or none)
                 self.firewall_allow[f"{ip} . {proto} . {sp.port}"] = (sources, tag)
         if sp.nodePort is not None:
             key = f"{proto} . {sp.nodePort}"
