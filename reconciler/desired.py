@@ -973,6 +973,18 @@ def _source_ranges(ranges: tuple[str, ...], lb_ips: tuple[str, ...], node: NodeI
     return tuple(str(n) for n in ipaddress.collapse_addresses(nets))  # type: ignore[arg-type]
 
 
+def _warn_loose_node_ips(r: _Reader) -> None:
+    """A warning for each of this node's status.addresses in a loose spelling (010.0.0.5,
+    ::ffff:10.0.0.5), read as kube-proxy reads it (its IPs decide nodePortAddresses [primary] and
+    the load balancer source ranges' exception), as for every other address."""
+    addresses = r.get(("status", "addresses"))
+    for i, a in enumerate(addresses if isinstance(addresses, list) else ()):  # (other shapes: no IP, as before)
+        value = a.get("address") if isinstance(a, dict) else None
+        read = _read_ip(value) if isinstance(value, str) else None
+        if read is not None and read[1]:
+            r.warn(("status", "addresses", i, "address"), f"{value!r} is read as {read[0]} ({read[1]})")
+
+
 def _node_ips(body: dict[str, Any], override: str | None = None) -> tuple[str, ...]:
     """This node's IP per family (IPv4 first), as kube-proxy picks it from a Node's
     status.addresses: the first InternalIP of the family, else its first ExternalIP. Entries that
@@ -1071,6 +1083,7 @@ class BuildCache:
                     _warn_unknown(r, obj.body, fields.NODE)
                     if obj.name == opts.node_name:
                         _labels(r)  # (its zone label decides topology)
+                        _warn_loose_node_ips(r)
                         node_obj = obj
                     parsed[id(obj)] = (None, tuple(mine))
             except InputError as exc:

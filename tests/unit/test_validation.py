@@ -696,3 +696,17 @@ def test_an_object_we_cannot_read_hides_no_other_object_of_its_file(tmp_path):
     assert at == sorted(at), msg
     with pytest.raises(InputError):  # (one object's error is the file's, read alone: the watcher's way)
         load_file(os.path.join(tmp_path, "m.yaml"))
+
+
+def test_a_loose_spelling_of_this_nodes_ip_is_warned_about(tmp_path):
+    """This node's status.addresses decide nodePortAddresses [primary] and the source ranges'
+    exception: a spelling kube-proxy reads otherwise than it looks gets the warning every other
+    address gets (an IPv4-mapped one was read as IPv4 without a word)."""
+    with open(os.path.join(tmp_path, "node.yaml"), "w") as fh:
+        fh.write("apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus:\n  addresses:\n"
+                 "  - {type: InternalIP, address: '::ffff:172.30.0.2'}\n  - {type: Hostname, address: node-a}\n")
+    desired = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
+    assert [w.replace(f"{tmp_path}/", "") for w in desired.warnings] == [
+        "node.yaml:6:24: status.addresses[0].address: '::ffff:172.30.0.2' is read as 172.30.0.2 (an IPv4-mapped "
+        "IPv6 address is IPv4 to kube-proxy)"]
+    assert desired.node.addresses == ("172.30.0.2",)
