@@ -341,10 +341,12 @@ def _unseen_udp_frontends(backend: Any, planned: Planned) -> set[tuple[Family, c
     touched = {s for s in planned.touched(backend) if s.endswith("/UDP")}
     if not touched:
         return set()
-    had = conntrack.view_frontends(backend.service_view(planned.observed_model, touched))
-    wanted = [(family, frontend) for sp in planned.desired.services if sp.protocol == "UDP"
-              for family, frontend, _ in conntrack.frontends(sp)]
-    # (a view names a single-stack port's nodePort without its family: both are read from it, and
-    # neither is one that went while the port still has that nodePort)
-    nodeports = {frontend for _, frontend in wanted if frontend[0] is None}
-    return {key for key in had if key not in set(wanted) and key[1] not in nodeports}
+    had: set[tuple[Family, conntrack.Frontend]] = set()
+    for sid, view in backend.service_view(planned.observed_model, touched).items():
+        keys = conntrack.view_frontends({sid: view})
+        # (a view names a nodePort its families share without a family: of those its addresses have)
+        families = {family for family, frontend in keys if frontend[0] is not None}
+        had.update(key for key in keys if key[1][0] is not None or key[0] in families)
+    wanted = {(family, frontend) for sp in planned.desired.services if sp.protocol == "UDP"
+              for family, frontend, _ in conntrack.frontends(sp)}
+    return had - wanted

@@ -397,6 +397,10 @@ def test_a_process_first_apply_leaves_the_other_familys_flows_to_a_single_stack_
                      dns_slice("dns", [endpoint(Q)])])
     planned = make_plan(backend, desired, observed_model=backend.observe())
     assert _unseen_udp_frontends(backend, planned) == set()
+    # a dual-stack port that keeps its nodePort in IPv4 only: the IPv6 one went
+    old["addresses"].append("[fd00:96::20]:53/udp")
+    planned = make_plan(backend, desired, observed_model=backend.observe())
+    assert _unseen_udp_frontends(backend, planned) == {("ipv6", ("fd00:96::20", 53)), ("ipv6", (None, 30054))}
 
 
 def test_serving_sets_are_per_family_and_shared_frontends_take_both() -> None:
