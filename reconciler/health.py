@@ -507,18 +507,18 @@ def local_addresses(cidrs: Sequence[str]) -> list[str]:
     except (OSError, subprocess.SubprocessError, ValueError) as exc:
         log.warning("cannot list local addresses (%s); health check servers listen on all", exc)
         return default_hosts()
-    addrs = []
+    addrs: dict[str, None] = {}  # (once each: one address on two links, a VIP on lo and eth0, is one)
     for link in links:
         for info in link.get("addr_info", []):
             try:
                 ip = ipaddress.ip_address(info.get("local", ""))
             except ValueError:
                 continue
-            if ip.is_link_local:
+            if ip.is_link_local or info.get("tentative") or info.get("dadfailed"):  # (none can be bound)
                 continue
             if any(ip.version == n.version and ip in n for n in nets):
-                addrs.append(str(ip))
-    return addrs
+                addrs[str(ip)] = None
+    return list(addrs)
 
 
 class ServiceHealthServers:
@@ -562,7 +562,7 @@ class ServiceHealthServers:
         with self._lock:
             for svc, e in list(self._entries.items()):
                 h = want.get(svc)
-                if h is None or h.nodePort != e.port or (hosts is not None and e.hosts != hosts):
+                if h is None or h.nodePort != e.port or (hosts is not None and set(e.hosts) != set(hosts)):
                     to_close.append(self._entries.pop(svc))
                 else:
                     e.check = h

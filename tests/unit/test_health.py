@@ -510,3 +510,19 @@ def test_service_health_default_hosts_are_one_dual_stack_socket() -> None:
         assert get(f"http://127.0.0.1:{port}/")[0] == 200
     finally:
         explicit.close()
+
+
+def test_local_addresses_are_listed_once_each_and_only_bindable_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One address on two links (a VIP on lo and eth0) is one address: listed twice, the health
+    check server bound it twice and failed on every sync. Tentative or DAD-failed IPv6 addresses
+    cannot be bound: left out."""
+    import subprocess
+
+    import reconciler.health as health_mod
+
+    links = [{"ifname": "lo", "addr_info": [{"local": "10.9.0.5"}, {"local": "127.0.0.1"}]},
+             {"ifname": "eth0", "addr_info": [{"local": "10.9.0.5"}, {"local": "fd00::5", "tentative": True},
+                                              {"local": "fd00::6", "dadfailed": True}, {"local": "fd00::7"}]}]
+    monkeypatch.setattr(health_mod.subprocess, "run",
+                        lambda *a, **kw: subprocess.CompletedProcess(a, 0, stdout=json.dumps(links)))
+    assert health_mod.local_addresses(["10.0.0.0/8", "fd00::/64"]) == ["10.9.0.5", "fd00::7"]
