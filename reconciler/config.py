@@ -301,7 +301,9 @@ def _string(doc: dict[str, Any], where: Where, *keys: str) -> str | None:
     """A string at `keys` (None if unset); anything else is an error, as kube-proxy's decoder
     refuses it (a number for hostnameOverride was ignored: another node's name in effect)."""
     value: Any = doc
-    for k in keys:
+    for depth, k in enumerate(keys):
+        if value is not None and not isinstance(value, dict):  # (clientConnection: /etc/kc)
+            raise InputError(where(*keys[:depth]), f"expected a mapping, got {type_name(type(value))}", keys[:depth])
         value = value.get(k) if isinstance(value, dict) else None
     if value is not None and not isinstance(value, str):
         raise InputError(where(*keys), f"expected string, got {type_name(type(value))}", keys)

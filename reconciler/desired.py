@@ -979,7 +979,7 @@ def _warn_loose_node_ips(r: _Reader) -> None:
     the load balancer source ranges' exception), as for every other address."""
     addresses = r.get(("status", "addresses"))
     for i, a in enumerate(addresses if isinstance(addresses, list) else ()):  # (other shapes: no IP, as before)
-        value = a.get("address") if isinstance(a, dict) else None
+        value = a.get("address") if isinstance(a, dict) and a.get("type") in ("InternalIP", "ExternalIP") else None
         read = _read_ip(value) if isinstance(value, str) else None
         if read is not None and read[1]:
             r.warn(("status", "addresses", i, "address"), f"{value!r} is read as {read[0]} ({read[1]})")

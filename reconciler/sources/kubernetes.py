@@ -252,8 +252,8 @@ class KubernetesSource:
         FAILING_AFTER seconds or more since it last reached it, and its last error (None: none)."""
         now = time.monotonic()
         for inf in self._informers:
-            since = inf.failing_since
-            if inf.failing and since is not None and now - since >= self.FAILING_AFTER:
+            failing, since = inf.failing, inf.failing_since  # (failing first: it is written last)
+            if failing and since is not None and now - since >= self.FAILING_AFTER:
                 return f"source: the API server cannot be read ({inf.kind} informer: {inf.last_error}); retrying"
         return None
 
@@ -446,7 +446,7 @@ class KubernetesSource:
         )
         progressed[1] = True
         if inf.failing:
-            inf.failing = False
+            inf.failing, inf.failing_since = False, None
             log.info("%s informer: the API server answers again; watching from resourceVersion %s", inf.kind, rv)
         with self._lock:
             self._streams.add(resp)

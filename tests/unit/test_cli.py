@@ -322,6 +322,14 @@ def test_a_saved_plan_is_checked_whole_before_anything_is_applied(
                                                                    else "nftables", "operations": 1}), "operations["),
         "a generation as text": (lambda d: d.update(observedGeneration="7"), "observedGeneration"),
     }
+    if mode == "iptables":  # (rules that jump to ours, but not where or as our jumps are)
+        edits["a rule of somebody else's chain"] = (lambda d: d["operations"].append(
+            {"action": "-", "kind": "rule", "object": "iptables filter CALICO-X",
+             "command": '-D CALICO-X -m comment --comment "service-reconciler x" -j RECONCILER-FILTER'}), "not ours")
+        edits["one of our jumps, not first"] = (lambda d: d["operations"].append(
+            {"action": "+", "kind": "rule", "object": "iptables nat PREROUTING",
+             "command": '-I PREROUTING 7 -m comment --comment "service-reconciler service portals" '
+                        '-j RECONCILER-SERVICES'}), "inserted first")
     for what, (edit, said) in edits.items():
         assert main(["apply", "--plan", _saved_plan(tmp_path, mode, edit)]) == 1, what
         err = capsys.readouterr().err

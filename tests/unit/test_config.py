@@ -77,7 +77,10 @@ def test_bad_config_names_file_and_line(tmp_path):
                                               ("hostnameOverride: Node-A", "hostnameOverride: [node-a]", "hostnameOverride"),
                                               ("hostnameOverride: Node-A",
                                                "hostnameOverride: Node-A\nclientConnection: {kubeconfig: 7}",
-                                               "clientConnection.kubeconfig")])
+                                               "clientConnection.kubeconfig"),
+                                              ("hostnameOverride: Node-A",
+                                               "hostnameOverride: Node-A\nclientConnection: /etc/kc",
+                                               "clientConnection")])
 def test_a_string_setting_of_another_type_is_an_error_at_its_line(tmp_path, line, value, where):
     """kube-proxy's decoder refuses a number where a string goes; a hostnameOverride of 12345 was
     ignored, so the hostname named the node (which endpoints are local) without a word."""
@@ -86,7 +89,8 @@ def test_a_string_setting_of_another_type_is_an_error_at_its_line(tmp_path, line
     path.write_text(CONFIG.replace(line, value))
     with pytest.raises(InputError) as exc:
         load_kube_proxy_config(str(path))
-    assert f"{where}: expected string, got" in str(exc.value) and f"{path}:" in str(exc.value)
+    assert f"{where}: expected {'a mapping' if where == 'clientConnection' else 'string'}, got" in str(exc.value)
+    assert f"{path}:" in str(exc.value)
 
 
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path):

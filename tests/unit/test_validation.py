@@ -704,7 +704,7 @@ def test_a_loose_spelling_of_this_nodes_ip_is_warned_about(tmp_path):
     address gets (an IPv4-mapped one was read as IPv4 without a word)."""
     with open(os.path.join(tmp_path, "node.yaml"), "w") as fh:
         fh.write("apiVersion: v1\nkind: Node\nmetadata: {name: node-a}\nstatus:\n  addresses:\n"
-                 "  - {type: InternalIP, address: '::ffff:172.30.0.2'}\n  - {type: Hostname, address: node-a}\n")
+                 "  - {type: InternalIP, address: '::ffff:172.30.0.2'}\n  - {type: Hostname, address: '010.0.0.5'}\n")
     desired = build_desired_state(load_directory(tmp_path).objects, BuildOptions("node-a"))
     assert [w.replace(f"{tmp_path}/", "") for w in desired.warnings] == [
         "node.yaml:6:24: status.addresses[0].address: '::ffff:172.30.0.2' is read as 172.30.0.2 (an IPv4-mapped "

@@ -195,6 +195,9 @@ def _edit_in_place(cmd: str, table: str, name: str, old: tuple[Rule, ...], new: 
 _LINE = re.compile(r"(?::(\S+) - \[0:0\]$|-([ADIX]) (\S+)(?: |$))")
 
 
+BUILTIN_CHAINS = frozenset(("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"))
+
+
 def foreign(op: Operation) -> str | None:
     """Why an operation is not one diff() makes (see Backend.foreign): one restore line of a
     chain of ours, or of one of our jump rules in a built-in chain, in the chain it names."""
@@ -209,10 +212,12 @@ def foreign(op: Operation) -> str | None:
         return f"its line is not about chain {chain}: {op.text!r}"
     if is_ours(chain):
         return None
-    if m.group(2) in ("D", "I"):  # (a built-in chain: only our jump rules, inserted or deleted)
+    if m.group(2) in ("D", "I") and chain in BUILTIN_CHAINS:  # (only our jump rules, inserted or deleted)
         words = op.text.split(" ", 2)[2]
         if m.group(2) == "I":
-            words = words.partition(" ")[2]
+            position, _, words = words.partition(" ")
+            if position != "1":  # (ours go first)
+                return f"our jumps are inserted first, not at {position}: {op.text!r}"
         try:
             rule = Rule.from_text(f"-A {chain} {words}")
         except ValueError:
