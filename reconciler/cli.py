@@ -7,11 +7,11 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Sequence, get_args
 
 from . import __version__, gcpolicy, instance_lock, quiet_library_loggers
 from .backends import get_backend
-from .backends.base import KernelError
+from .backends.base import Action, KernelError
 from .config import (
     HEALTHZ_PORT, INT32_MAX, METRICS_PORT, MODES, Options, bind_address, conntrack_seconds, load_kube_proxy_config,
     merge, parse_cidrs, parse_duration, parse_nodeport_addresses, parse_service_cidrs,
@@ -377,7 +377,7 @@ def _dispatch(args: argparse.Namespace, warned: _Warnings | None = None) -> int:
     raise AssertionError(args.command)
 
 
-_ACTIONS, _KINDS = ("+", "-", "~"), ("table", "chain", "rule", "set", "map", "element")
+_KINDS = ("table", "chain", "rule", "set", "map", "element")
 
 
 def _check_saved_plan(mode: Any, ops: list[Any], other: Any, seen: Any) -> int:
@@ -397,7 +397,7 @@ def _check_saved_plan(mode: Any, ops: list[Any], other: Any, seen: Any) -> int:
             raise ValueError(f"otherMode {other!r} (another mode, and 1 to {len(ops)} operations)")
     backends = {mode: get_backend(mode), **({other["mode"]: get_backend(other["mode"])} if other else {})}
     for i, op in enumerate(ops):
-        if op.action not in _ACTIONS or op.kind not in _KINDS or not isinstance(op.name, str) \
+        if op.action not in get_args(Action) or op.kind not in _KINDS or not isinstance(op.name, str) \
                 or not isinstance(op.text, str) or not isinstance(op.service, (str, type(None))):
             raise ValueError(f"operations[{i}] is not an operation: {op.to_dict()}")
         theirs = i >= len(ops) - n_other

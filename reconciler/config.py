@@ -13,7 +13,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, ip_family, normalize_ip
 from .fields import did_you_mean
-from .sources.objects import InputError, InputWarning, Location, format_path, type_name
+from .sources.objects import InputError, InputWarning, Location, format_path, type_name, undecodable_at
 
 log = logging.getLogger(__name__)
 
@@ -208,11 +208,8 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
         doc = yaml.load(text)
     except OSError as exc:
         raise InputError(Location(path), f"cannot read: {exc}") from exc
-    except UnicodeDecodeError as exc:  # (by line and column, as a manifest's)
-        line_start = raw.rfind(b"\n", 0, exc.start) + 1
-        column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1
-        raise InputError(Location(path, raw.count(b"\n", 0, exc.start) + 1, column),
-                         f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(undecodable_at(path, raw, exc), f"not UTF-8 text (byte 0x{raw[exc.start]:02x})") from exc
     except MarkedYAMLError as exc:
         mark = exc.problem_mark
         raise InputError(Location(path, mark.line + 1, mark.column + 1) if mark else Location(path),

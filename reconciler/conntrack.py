@@ -88,20 +88,27 @@ def serving_by_frontend(ports: Iterable[ServicePort]) -> dict[Family, dict[Front
 
 def view_frontends(views: Mapping[str, Mapping[str, Any]]) -> set[tuple[Family, Frontend]]:
     """The frontends in backends' service views ("10.96.0.10:53/udp", "[fd00::a]:53/udp",
-    "nodePort 30053/udp", each maybe with " (reject)"); a NodePort in both families, or in the one
-    it names ("IPv6 nodePort 30053/udp (drop)": its families' verdicts differ, see base.view_entry)."""
+    "nodePort 30053/udp", each maybe with " (reject)"); a NodePort in each family the view's
+    addresses are of (its clusterIPs are always there), or in the one it names ("IPv6 nodePort
+    30053/udp (drop)": its families' verdicts differ, see base.view_entry)."""
     out: set[tuple[Family, Frontend]] = set()
     for view in views.values():
+        ips: set[tuple[Family, Frontend]] = set()
+        nodeports: set[tuple[Family | None, Frontend]] = set()
         for address in view["addresses"]:
             where = address.split(" (", 1)[0].rsplit("/", 1)[0]
             if where.startswith("nodePort "):
-                out.update((family, (None, int(where.split()[1]))) for family in FAMILIES)
+                nodeports.add((None, (None, int(where.split()[1]))))
             elif where.startswith(("IPv4 nodePort ", "IPv6 nodePort ")):
-                out.add(("ipv4" if where.startswith("IPv4") else "ipv6", (None, int(where.split()[2]))))
+                nodeports.add(("ipv4" if where.startswith("IPv4") else "ipv6", (None, int(where.split()[2]))))
             else:
                 host, _, port = where.rpartition(":")
                 ip = host.strip("[]")
-                out.add(("ipv6" if ":" in ip else "ipv4", (ip, int(port))))
+                ips.add(("ipv6" if ":" in ip else "ipv4", (ip, int(port))))
+        families = {family for family, _ in ips}
+        out |= ips
+        out.update((family, frontend) for named, frontend in nodeports
+                   for family in ((named,) if named else FAMILIES) if family in families or named)
     return out
 
 

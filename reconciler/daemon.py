@@ -60,7 +60,7 @@ from .sources.objects import (
     InputConflict, InputError, InputErrors, Location, SourceObject, SourceUnavailable, in_place_order, name_some,
 )
 from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot
-from .state import DesiredState
+from .state import EVERY_ADDRESS, DesiredState
 
 log = logging.getLogger("reconciler.daemon")
 
@@ -870,12 +870,11 @@ def nodeport_hosts(desired: DesiredState | None) -> list[str]:
 
 
 def _nodeport_cidrs(desired: DesiredState | None) -> tuple[str, ...]:
-    everything = {"ipv4": "0.0.0.0/0", "ipv6": "::/0"}
     if desired is None:
-        return tuple(everything.values())
+        return tuple(EVERY_ADDRESS.values())
     cidrs: list[str] = []
     for family, f in desired.families.items():
-        cidrs += [everything[family]] if f.nodePortCIDRs is None else f.nodePortCIDRs
+        cidrs += [EVERY_ADDRESS[family]] if f.nodePortCIDRs is None else f.nodePortCIDRs
     return tuple(cidrs)
 
 

@@ -215,8 +215,13 @@ class _Reader:
         read = _read_ip(v) if isinstance(v, str) else None
         if read is None:
             raise self.error(path, f"invalid IP address {v!r}")
+        return self.read_as(path, v, read)
+
+    def read_as(self, path: Path, given: str, read: tuple[str, str | None]) -> str:
+        """An address or CIDR as _read_ip/_read_cidr read it (its text, a note on a loose
+        spelling): the text, the note a warning at path."""
         if read[1]:
-            self.warn(path, f"{v!r} is read as {read[0]} ({read[1]})")
+            self.warn(path, f"{given!r} is read as {read[0]} ({read[1]})")
         return read[0]
 
     def cidr(self, path: Path) -> str | None:
@@ -227,9 +232,7 @@ class _Reader:
         if read is None:
             self.warn(path, f"invalid CIDR {v!r}; ignored, as kube-proxy ignores it")
             return None
-        if read[1]:
-            self.warn(path, f"{v!r} is read as {read[0]} ({read[1]})")
-        return read[0]
+        return self.read_as(path, v, read)
 
     def enum(self, path: Path, allowed: tuple[str, ...], default: str) -> str:
         v = self.typed(path, str, default)
@@ -981,8 +984,8 @@ def _warn_loose_node_ips(r: _Reader) -> None:
     for i, a in enumerate(addresses if isinstance(addresses, list) else ()):  # (other shapes: no IP, as before)
         value = a.get("address") if isinstance(a, dict) and a.get("type") in ("InternalIP", "ExternalIP") else None
         read = _read_ip(value) if isinstance(value, str) else None
-        if read is not None and read[1]:
-            r.warn(("status", "addresses", i, "address"), f"{value!r} is read as {read[0]} ({read[1]})")
+        if read is not None:
+            r.read_as(("status", "addresses", i, "address"), value, read)
 
 
 def _node_ips(body: dict[str, Any], override: str | None = None) -> tuple[str, ...]:

@@ -341,12 +341,7 @@ def _unseen_udp_frontends(backend: Any, planned: Planned) -> set[tuple[Family, c
     touched = {s for s in planned.touched(backend) if s.endswith("/UDP")}
     if not touched:
         return set()
-    had: set[tuple[Family, conntrack.Frontend]] = set()
-    for sid, view in backend.service_view(planned.observed_model, touched).items():
-        keys = conntrack.view_frontends({sid: view})
-        # (a view names a nodePort its families share without a family: of those its addresses have)
-        families = {family for family, frontend in keys if frontend[0] is not None}
-        had.update(key for key in keys if key[1][0] is not None or key[0] in families)
+    had = conntrack.view_frontends(backend.service_view(planned.observed_model, touched))
     wanted = {(family, frontend) for sp in planned.desired.services if sp.protocol == "UDP"
               for family, frontend, _ in conntrack.frontends(sp)}
     return had - wanted

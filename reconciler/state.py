@@ -250,6 +250,7 @@ class NodeInfo:
 
 
 LOOPBACK = {4: ipaddress.ip_network("127.0.0.0/8"), 6: ipaddress.ip_network("::1/128")}  # by IP version
+EVERY_ADDRESS: dict[Family, str] = {"ipv4": "0.0.0.0/0", "ipv6": "::/0"}  # each family's CIDR of all
 
 
 def holds_loopback(cidr: str) -> bool:

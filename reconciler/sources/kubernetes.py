@@ -121,9 +121,10 @@ class _Informer:
     resource_version: str = ""
     synced: bool = False
     thread: threading.Thread | None = None
-    failing: bool = False  # its requests have failed since it last reached the API server
-    last_error: str = ""  # the last of those failures, described
-    failing_since: float | None = None  # (monotonic) when the first of them happened
+    # (monotonic) when its requests began to fail, since it last reached the API server (None: they
+    # do not), and the last of those failures, described
+    failing_since: float | None = None
+    last_error: str = ""
 
 
 def _described(exc: object) -> str:
@@ -252,8 +253,8 @@ class KubernetesSource:
         FAILING_AFTER seconds or more since it last reached it, and its last error (None: none)."""
         now = time.monotonic()
         for inf in self._informers:
-            failing, since = inf.failing, inf.failing_since  # (failing first: it is written last)
-            if failing and since is not None and now - since >= self.FAILING_AFTER:
+            since = inf.failing_since
+            if since is not None and now - since >= self.FAILING_AFTER:
                 return f"source: the API server cannot be read ({inf.kind} informer: {inf.last_error}); retrying"
         return None
 
@@ -372,10 +373,9 @@ class KubernetesSource:
         delay = min(self._backoff_max, self._backoff_initial * 2**failures)
         delay *= random.uniform(0.8, 1.0)
         inf.last_error = _described(exc)
-        if not inf.failing:
+        if inf.failing_since is None:
             inf.failing_since = time.monotonic()
-        inf.failing = True
-        log.warning("%s informer: %s; keeping what it has, retrying in %.2fs", inf.kind, _described(exc), delay)
+        log.warning("%s informer: %s; keeping what it has, retrying in %.2fs", inf.kind, inf.last_error, delay)
         self._stop.wait(delay)
         return failures + 1
 
@@ -445,8 +445,8 @@ class KubernetesSource:
             timeout_seconds=self._watch_timeout,
         )
         progressed[1] = True
-        if inf.failing:
-            inf.failing, inf.failing_since = False, None
+        if inf.failing_since is not None:
+            inf.failing_since = None
             log.info("%s informer: the API server answers again; watching from resourceVersion %s", inf.kind, rv)
         with self._lock:
             self._streams.add(resp)

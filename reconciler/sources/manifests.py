@@ -23,6 +23,7 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from . import fastyaml
 from .objects import (
     KINDS, InputError, InputErrors, InputWarning, Location, Path, SourceObject, SourceUnavailable, type_name,
+    undecodable_at,
 )
 
 log = logging.getLogger(__name__)
@@ -305,11 +306,8 @@ def _parse(path: str, share_keys: bool = False) -> list[Any]:
     try:
         raw = read_bytes(path)
         text = _text(raw)
-    except UnicodeDecodeError as exc:  # (named by line and column, not by the byte's offset)
-        line_start = raw.rfind(b"\n", 0, exc.start) + 1
-        column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1
-        loc = Location(path, raw.count(b"\n", 0, exc.start) + 1, column)
-        raise InputError(loc, f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): manifests are read as UTF-8 (or "
+    except UnicodeDecodeError as exc:
+        raise InputError(undecodable_at(path, raw, exc), f"not UTF-8 text (byte 0x{raw[exc.start]:02x}): manifests are read as UTF-8 (or "
                               "UTF-16 with a byte order mark), as kubectl reads them") from exc
     try:
         if path.endswith(".json"):

@@ -103,6 +103,13 @@ def type_name(kind: type) -> str:
     return _TYPE_NAMES.get(kind, kind.__name__)
 
 
+def undecodable_at(path: str, raw: bytes, exc: UnicodeDecodeError) -> Location:
+    """Where in a file (line and column, not a codec's byte offset) the byte that is not UTF-8 is."""
+    line_start = raw.rfind(b"\n", 0, exc.start) + 1
+    column = len(raw[line_start:exc.start].decode("utf-8", "replace")) + 1
+    return Location(path, raw.count(b"\n", 0, exc.start) + 1, column)
+
+
 class InputError(Exception):
     """Bad input, named by place and field: 'state/web.yaml:12:7: spec.ports[0].port: must be 1-65535'."""
 

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from ...state import DesiredState
+from ...state import EVERY_ADDRESS, DesiredState
 from ..base import KernelError, Operation, nodeport_address, view_entry, view_sets
 from ..generation import commits_between, generation
 from . import kernel
@@ -204,9 +204,6 @@ def _endpoint(rule: Rule, chains: Mapping[str, tuple[Rule, ...]]) -> str | None:
     return None
 
 
-ANY_SOURCE = {"ipv4": "0.0.0.0/0", "ipv6": "::/0"}
-
-
 def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str, dict[str, Any]]:
     """Per service port: where it is reachable (and with which verdict), which endpoints its cluster
     traffic reaches and which its external traffic does (its EXT chain, see base.view_entry).
@@ -248,7 +245,7 @@ def service_view(model: IptablesModel, only: set[str] | None = None) -> dict[str
                 if name.startswith(FW_PREFIX):
                     if r.target and r.target.startswith((EXT_PREFIX, SVC_PREFIX)):  # a source the LB IPs allow
                         # (no -s: every source, a range of /0, which iptables-save does not print)
-                        entry(sid)["sources"].add(_value(r.args, "-s") or ANY_SOURCE[family])
+                        entry(sid)["sources"].add(_value(r.args, "-s") or EVERY_ADDRESS[family])
                     continue
                 if "--rcheck" in r.args and (seconds := _value(r.args, "--seconds")):
                     entry(sid)["affinity"].add(f"ClientIP {seconds}s")
