@@ -171,6 +171,10 @@ def options_from(args: argparse.Namespace) -> Options:
     if getattr(args, "config", None):
         opts = merge(opts, load_kube_proxy_config(args.config, args.mode))
     node_name = getattr(args, "node_name", None)  # (a command that builds no desired state has no such flags)
+    if node_name is not None:  # (trimmed, lower-cased and not blank, as kube-proxy's GetHostname takes it)
+        node_name = node_name.strip()
+        if not node_name:
+            raise ValueError("--node-name: blank; give this node's name, as its Node object has it")
     flags: dict[str, Any] = {
         "mode": args.mode,
         "node_name": node_name.lower() if node_name else None,

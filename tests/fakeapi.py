@@ -103,13 +103,23 @@ def matches_fields(obj: Obj, selector: str) -> bool:
 class FakeAPIServer:
     """In-memory API server on 127.0.0.1; state survives stop()/start() on the same port."""
 
-    def __init__(self, bookmark_interval: float | None = 0.2, gone_mode: str = "event") -> None:
+    def __init__(self, bookmark_interval: float | None = 0.2, gone_mode: str = "event",
+                 watch_cache: bool = True) -> None:
         self.bookmark_interval = bookmark_interval
         self.gone_mode = gone_mode  # "event": 200 + ERROR event; "http": HTTP 410
+        # as the API server's watch cache: a list at a resourceVersion ("0", or "not older than" a
+        # version seen) is answered whole from memory, its `limit` ignored; without it (or with
+        # resourceVersion unset) lists are paginated, and a paginated list at an exact version
+        # already compacted is 410 Expired, as from etcd
+        self.watch_cache = watch_cache
+        self.expire_watches = False  # every watch is answered 410 Gone at once
+        self.throttled: dict[str, int] = {}  # kind -> how many of its next requests get 429 ...
+        self.retry_after = 1  # ... with this Retry-After (seconds)
         # watches from these resourceVersions are refused with an ERROR event (504 "Too large
         # resource version", as after etcd was restored from a backup)
         self.refused_rvs: set[str] = set()
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.authorizations: list[str | None] = []  # each GET's Authorization header
         self.recorded_events: list[Obj] = []  # events.k8s.io/v1 Events created (POST)
         # Called (kind, query) when a list page is ready, before it is sent (e.g. to compact).
         self.on_list_page: Callable[[str, dict[str, str]], None] | None = None
@@ -293,10 +303,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
             api.requests.append((url.path, q))
+            api.authorizations.append(self.headers.get("Authorization"))
         kind = _BY_PATH.get(url.path)
         try:
+            with api._cond:
+                throttled = kind is not None and api.throttled.get(kind.kind, 0) > 0
+                if throttled:
+                    api.throttled[kind.kind] -= 1
             if kind is None:
                 self._json(404, status(404, "NotFound", f"the server could not find {url.path}"))
+            elif throttled:  # (API Priority and Fairness rejecting a request)
+                self._json(429, status(429, "TooManyRequests", "Too many requests, please try again later."),
+                           {"Retry-After": str(api.retry_after)})
             elif q.get("watch") in ("true", "1"):
                 self._watch(kind, q)
             else:
@@ -340,7 +358,20 @@ class _Handler(BaseHTTPRequestHandler):
             hold.wait(10)
         labels, fields = q.get("labelSelector", ""), q.get("fieldSelector", "")
         limit = int(q.get("limit") or 0)
+        at = q.get("resourceVersion", "")
+        if at and q.get("continue"):
+            return self._json(400, status(400, "BadRequest",
+                                          "specifying resource version is not allowed when using continue"))
         with api._cond:
+            if at not in ("", "0") and int(at) > api._rv:
+                too_large = status(504, "Timeout", f"Too large resource version: {at}, current: {api._rv}")
+                too_large["details"] = {"causes": [{"reason": "ResourceVersionTooLarge",
+                                                    "message": "Too large resource version"}], "retryAfterSeconds": 1}
+                return self._json(504, too_large)
+            if at and api.watch_cache:
+                limit = 0
+            elif at not in ("", "0") and limit and int(at) < api._compacted:
+                return self._json(410, status(410, "Expired", f"too old resource version: {at} ({api._compacted})"))
             if q.get("continue"):
                 snap_id, start = json.loads(base64.urlsafe_b64decode(q["continue"]))
                 rv, items = api._snapshots.get(snap_id, (-1, []))
@@ -378,7 +409,7 @@ class _Handler(BaseHTTPRequestHandler):
             epoch, gen = api._epoch, api._watch_gen
             rv = q.get("resourceVersion", "")
             last = int(rv) if rv not in ("", "0") else api._rv
-            too_old, compacted = last < api._compacted, api._compacted
+            too_old, compacted = last < api._compacted or api.expire_watches, api._compacted
         gone = status(410, "Expired", f"too old resource version: {last} ({compacted})")
         if rv in api.refused_rvs:
             self.send_response(200)
@@ -434,9 +465,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 
-    def _json(self, code: int, body: Obj) -> None:
+    def _json(self, code: int, body: Obj, headers: dict[str, str] | None = None) -> None:
         data = json.dumps(body).encode()
         self.send_response(code)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()

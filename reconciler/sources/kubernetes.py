@@ -1,10 +1,18 @@
 """Kubernetes API source: list+watch informers for Services, EndpointSlices and this Node.
 
-Each resource runs its own informer thread (like client-go's reflector): a paginated
-list, then a watch from the list's resourceVersion with bookmarks. A 410 Gone (HTTP or
-ERROR event) relists and replaces that resource's cache; connection errors reconnect
-with capped exponential backoff and re-watch from the last resourceVersion seen.
-All HTTP goes through the official client's REST layer (`_preload_content=False`).
+Each resource runs its own informer thread (like client-go's reflector): a list, then a watch
+from the list's resourceVersion with bookmarks. As the reflector lists, so that hundreds of nodes
+starting or relisting at once are answered from the API server's watch cache, not from etcd: the
+first list at resourceVersion "0", a relist at the last resourceVersion seen (unpaged), and only
+when the server no longer has that version (410, or "too large" after etcd was restored) a
+consistent list (resourceVersion unset, paginated; a continue token that expires mid-list ends
+in one unpaged list). A 410 Gone from the watch (HTTP or ERROR event) relists and replaces that
+resource's cache, after a pause (when an API server restarts every node's watch gets its 410 at
+once); connection errors reconnect and re-watch from the last resourceVersion seen. Every wait is
+capped exponential backoff with client-go's jitter (each delay d to 2d; a 429's Retry-After is
+waited by urllib3's own retries, up to 3 times, before it counts as a failure), and each watch asks for a timeout between 1 and 2 times the configured one, so that nodes
+which reconnected together drift apart. All HTTP goes through the official client's REST layer
+(`_preload_content=False`).
 """
 
 from __future__ import annotations
@@ -41,15 +49,16 @@ class _Gone(Exception):
     """The resourceVersion (or continue token) is too old: relist."""
 
 
-class _ContinueExpired(_Gone):
-    """A list continue token expired (410) between pages."""
-
-
 class _Refused(Exception):
     """The server refused the watch with an error of its own (an ERROR event, or an HTTP error
     other than 410 and 429: e.g. "Too large resource version" after etcd was restored from a
     backup): back off, then list again, as client-go's reflector does (re-watching from the same
     resourceVersion could be refused for ever)."""
+
+
+class _TooLarge(_Refused):
+    """The server has not reached the resourceVersion asked for (504 "Too large resource version",
+    as after etcd was restored from a backup): list without one."""
 
 
 class _ShortWatch(Exception):
@@ -120,6 +129,12 @@ class _Informer:
     cache: dict[Key, dict[str, Any]] = field(default_factory=dict)
     resource_version: str = ""
     synced: bool = False
+    # the server no longer has (or has not reached) resource_version: the next list is a
+    # consistent one (client-go's isLastSyncResourceVersionUnavailable)
+    version_unavailable: bool = False
+    # the server paginated a list at resourceVersion "0" (its watch cache is off): relists at a
+    # version are paginated too, as client-go's reflector keeps its page size then
+    paginated: bool = False
     thread: threading.Thread | None = None
     # (monotonic) when its requests began to fail, since it last reached the API server (None: they
     # do not), and the last of those failures, described
@@ -165,7 +180,55 @@ def load_api_client(kubeconfig: str | None = None,
                         "address (deploy/kubernetes/configmap.yaml), or give a kubeconfig", host)
     else:
         kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        token_file = _token_file(kubeconfig)
+        if token_file is not None:
+            _reread_token_file(cfg, token_file)
     return kubernetes.client.ApiClient(cfg)
+
+
+TOKEN_FILE_PERIOD = 60.0  # seconds between reads of a kubeconfig's tokenFile (client-go: one minute)
+
+
+def _token_file(kubeconfig: str) -> str | None:
+    """The current user's tokenFile (relative to the kubeconfig's folder), when that user has no
+    exec plugin or auth provider of its own (their tokens are refreshed by the client)."""
+    loader = kubernetes.config.kube_config.KubeConfigLoader(
+        config_dict=kubernetes.config.kube_config.KubeConfigMerger(kubeconfig).config)
+    user = loader._user  # (the current context's user, as load_kube_config read it)
+    if user is None or "tokenFile" not in user or "exec" in user or "auth-provider" in user:
+        return None
+    source = getattr(user, "path", None) or kubeconfig  # (the file of KUBECONFIG's list that named the user)
+    return os.path.join(os.path.dirname(os.path.abspath(source)), str(user["tokenFile"]))
+
+
+def _reread_token_file(cfg: kubernetes.client.Configuration, path: str) -> None:
+    """Read `path` again at most every TOKEN_FILE_PERIOD seconds, as client-go reads a
+    kubeconfig's tokenFile (kubeadm's kube-proxy kubeconfig names the pod's projected service
+    account token, which the kubelet rotates; the client read it once only). A read that fails
+    keeps the last token. The file's content is stripped as client-go strips it (the client sent
+    a final newline along, which no HTTP header may hold). It replaces the client's own hook, which
+    only reloads expiring credentials (an exec plugin's; not with a tokenFile) and sets the token
+    read at start again."""
+    read_at: list[float | None] = [None]
+    token = [cfg.api_key.get("BearerToken")]
+
+    def refresh(c: kubernetes.client.Configuration) -> None:
+        now = time.monotonic()
+        if read_at[0] is None or now - read_at[0] >= TOKEN_FILE_PERIOD:
+            read_at[0] = now
+            try:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read().strip()
+            except (OSError, UnicodeError) as exc:
+                log.warning("cannot read the kubeconfig's tokenFile %s again (%s): keeping the token read before",
+                            path, exc)
+            else:
+                if text:
+                    token[0] = f"Bearer {text}"
+        if token[0]:
+            c.api_key["BearerToken"] = token[0]
+
+    cfg.refresh_api_key_hook = refresh
 
 
 class KubernetesSource:
@@ -331,8 +394,10 @@ class KubernetesSource:
 
     def _run(self, inf: _Informer) -> None:
         need_list = True
+        # backoff steps taken since a watch last brought an event or was answered (a list that
+        # succeeds does not reset them: a server whose every watch fails right after the list is
+        # relisted less and less often)
         failures = 0
-        refused = False  # the last relist was for a refused watch: its success does not reset the backoff
         short = 0  # watches in a row that the server opened, then closed at once (backed off too)
         while not self._stop.is_set():
             progressed = [False, False]  # (an event came; the server answered the watch)
@@ -340,22 +405,24 @@ class KubernetesSource:
                 if need_list:
                     self._list(inf)
                     need_list = False
-                    if not refused:
-                        failures = 0
                 self._watch(inf, progressed)
-                failures, refused, short = 0, False, 0
+                failures, short = 0, 0
             except _Gone:
                 if self._stop.is_set():
                     break
-                log.info("%s: resourceVersion %s too old, relisting", inf.kind, inf.resource_version)
-                if not need_list:
-                    need_list = True
-                    continue  # relist right away; a 410 from the list itself backs off below
-                failures = self._error(inf, "list expired", failures)
+                if need_list:  # (the list itself)
+                    failures = self._error(inf, "list expired", failures)
+                    continue
+                need_list = True
+                failures = 0 if progressed[0] else failures
+                delay = self._delay(failures)
+                log.info("%s: resourceVersion %s too old, relisting in %.2fs", inf.kind, inf.resource_version, delay)
+                self._stop.wait(delay)
+                failures += 1
             except _Refused as exc:
                 if self._stop.is_set():
                     break
-                need_list, refused = True, True
+                need_list = True
                 failures = self._error(inf, f"{exc}; relisting", 0 if progressed[0] else failures)
             except Exception as exc:  # noqa: BLE001 - any failure: back off and retry
                 if self._stop.is_set():
@@ -367,11 +434,15 @@ class KubernetesSource:
                     failures, short = (short, short + 1) if isinstance(exc, _ShortWatch) else (0, 0)
                 failures = self._error(inf, exc, failures)
 
+    def _delay(self, failures: int) -> float:
+        """The wait after `failures` backoff steps: doubling from the initial delay up to the cap,
+        then spread over [d, 2d) as client-go's reflector spreads it (jitter 1.0)."""
+        return min(self._backoff_max, self._backoff_initial * 2**failures) * random.uniform(1.0, 2.0)
+
     def _error(self, inf: _Informer, exc: object, failures: int) -> int:
         with self._lock:
             self._counters["errors"] += 1
-        delay = min(self._backoff_max, self._backoff_initial * 2**failures)
-        delay *= random.uniform(0.8, 1.0)
+        delay = self._delay(failures)
         inf.last_error = _described(exc)
         if inf.failing_since is None:
             inf.failing_since = time.monotonic()
@@ -394,6 +465,8 @@ class KubernetesSource:
             self._count_request(str(exc.status) if exc.status else "<error>")
             if exc.status == 410:
                 raise _Gone(str(exc)) from exc
+            if exc.status == 504 and "ResourceVersionTooLarge" in str(exc.body or ""):
+                raise _TooLarge(f"HTTP {exc.status}: too large resource version") from exc
             if exc.status not in (None, 0, 429, 500, 503, 504):  # (overloaded or failing server: watch again)
                 raise _Refused(f"HTTP {exc.status}: {exc.reason}") from exc
             raise
@@ -404,21 +477,38 @@ class KubernetesSource:
         return resp
 
     def _list(self, inf: _Informer) -> None:
+        """List as client-go's reflector does (relistResourceVersion): "0" first, then the last
+        resourceVersion seen, and without one only once the server has lost that version."""
+        version = "" if inf.version_unavailable else (inf.resource_version or "0")
         try:
-            self._list_pages(inf)
-        except _ContinueExpired:
-            self._list_pages(inf)  # the snapshot expired between pages: start over, once
+            self._list_pages(inf, version)
+        except (_Gone, _TooLarge) as exc:
+            if not version:
+                raise
+            log.info("%s: cannot list at resourceVersion %s (%s): listing the current state", inf.kind, version, exc)
+            inf.version_unavailable = True
+            self._list_pages(inf, "")
+        inf.version_unavailable = False
 
-    def _list_pages(self, inf: _Informer) -> None:
+    def _list_pages(self, inf: _Informer, version: str) -> None:
         items: dict[Key, dict[str, Any]] = {}
-        params: dict[str, Any] = {"limit": self._page_size}
+        params: dict[str, Any] = {}
+        if version:
+            params["resource_version"] = version
+        if version in ("", "0") or inf.paginated:  # (at a version: one answer from the watch cache)
+            params["limit"] = self._page_size
         while True:
             try:
                 resp = self._request(inf, 60.0, **params)
             except _Gone as exc:
-                if "_continue" in params:
-                    raise _ContinueExpired(str(exc)) from exc
-                raise
+                if "_continue" not in params:
+                    raise
+                # the snapshot expired between pages: one list without pages (client-go's pager,
+                # FullListIfExpired), which paging again could not make sure of
+                log.info("%s: list expired between pages (%s): listing again, whole", inf.kind, exc)
+                params = {}
+                items = {}
+                continue
             try:
                 data = json.loads(resp.data)
             finally:
@@ -429,6 +519,9 @@ class KubernetesSource:
             meta = data.get("metadata") or {}
             if not meta.get("continue"):
                 break
+            if version == "0" and "_continue" not in params:
+                inf.paginated = True
+            params.pop("resource_version", None)  # (not allowed beside a continue token)
             params["_continue"] = meta["continue"]
         self._replace(inf, items, str(meta.get("resourceVersion", "")))
 
@@ -436,13 +529,14 @@ class KubernetesSource:
         with self._lock:
             rv = inf.resource_version
         started = time.monotonic()
+        timeout = int(self._watch_timeout * random.uniform(1.0, 2.0))  # (client-go: 5 to 10 minutes)
         resp = self._request(
             inf,
-            self._watch_timeout + 30.0,
+            timeout + 30.0,
             watch=True,
             resource_version=rv,
             allow_watch_bookmarks=True,
-            timeout_seconds=self._watch_timeout,
+            timeout_seconds=timeout,
         )
         progressed[1] = True
         if inf.failing_since is not None:

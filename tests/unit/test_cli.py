@@ -270,6 +270,19 @@ def test_a_service_cidr_of_every_address_is_refused(cidrs: str, capsys: pytest.C
     assert main(["render", "--source", STATE_DIR, "--node-name", "node-a", "--service-cidr", "10.96.0.0/16,fd00:96::/64"]) == 0
 
 
+def test_node_name_is_trimmed_and_lower_cased_and_never_blank(capsys: pytest.CaptureFixture[str]) -> None:
+    """As kube-proxy takes --hostname-override (TrimSpace, ToLower; blank is an error): a name with
+    a stray space, from a templated flag, still finds its Node and its local endpoints."""
+    args = ["render", "--source", STATE_DIR, "--service-cidr", "10.96.0.0/16,fd00:96::/64", "-o", "json"]
+    assert main(args + ["--node-name", "node-a"]) == 0
+    plain = capsys.readouterr()
+    assert main(args + ["--node-name", " Node-A\n"]) == 0
+    spaced = capsys.readouterr()
+    assert spaced.out == plain.out and "no Node" not in spaced.err
+    assert main(args + ["--node-name", "  "]) == 1
+    assert "--node-name: blank" in capsys.readouterr().err
+
+
 def _saved_plan(tmp_path: Path, mode: str, edit: Any = None) -> str:
     """A plan of the example state against an empty kernel, as `plan -o json` writes it (made
     here without reading any kernel), optionally edited; its path."""

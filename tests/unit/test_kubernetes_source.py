@@ -20,6 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from reconciler.health import node_eligible
+from reconciler.sources import kubernetes as kubernetes_source
 from reconciler.sources.kubernetes import (  # noqa: E402
     PROXY_LABEL_SELECTOR,
     KubernetesSource,
@@ -140,38 +141,97 @@ def test_snapshot_objects_are_plain_api_json(server: FakeAPIServer, make_source:
     assert all(a is b for a, b in zip(objs, third) if a.name != "a" or a.kind != "Service")
 
 
-def test_pagination_uses_limit_and_continue(server: FakeAPIServer, make_source: Any) -> None:
+def test_the_first_list_is_answered_from_the_watch_cache(server: FakeAPIServer, make_source: Any) -> None:
+    """As client-go's reflector: resourceVersion "0", which the API server answers from its watch
+    cache, whole (hundreds of nodes starting at once do not each page through etcd)."""
     for i in range(7):
         server.create(service(f"svc-{i}"))
     src = make_source(server, page_size=3)
     assert src.wait_synced(3)
     assert names(src, "Service") == {f"svc-{i}" for i in range(7)}
     reqs = server.list_requests("Service")
-    assert [r.get("limit") for r in reqs] == ["3", "3", "3"]
-    assert "continue" not in reqs[0] and all(r.get("continue") for r in reqs[1:])
+    assert [(r.get("resourceVersion"), r.get("limit")) for r in reqs] == [("0", "3")]
     assert src.resource_version("Service") == str(server.resource_version)
 
 
-def test_expired_continue_token_restarts_the_list(server: FakeAPIServer, make_source: Any) -> None:
-    for i in range(5):
-        server.create(service(f"svc-{i}"))
-    first = [True]
+def test_pagination_uses_limit_and_continue() -> None:
+    """Without a watch cache the server pages even a list at "0": the pages follow, each without a
+    resourceVersion (the API server refuses one beside a continue token), and relists at a version
+    are paged too."""
+    with FakeAPIServer(bookmark_interval=None, watch_cache=False) as srv:
+        for i in range(7):
+            srv.create(service(f"svc-{i}"))
+        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=srv.url))
+        src = KubernetesSource(api, NODE, page_size=3, backoff_initial=0.01, backoff_max=0.05)
+        src.start()
+        try:
+            assert src.wait_synced(3)
+            assert names(src, "Service") == {f"svc-{i}" for i in range(7)}
+            reqs = srv.list_requests("Service")
+            assert [(r.get("resourceVersion"), r.get("limit"), bool(r.get("continue"))) for r in reqs] == [
+                ("0", "3", False), (None, "3", True), (None, "3", True)]
+            seen = src.resource_version("Service")
+            srv.create(service("svc-7"))
+            srv.compact()
+            srv.close_watches()  # (no bookmarks: the watch from `seen` is 410, then a relist at it)
+            assert wait_until(lambda: "svc-7" in names(src, "Service"))
+            relist = srv.list_requests("Service")[3]
+            assert (relist.get("resourceVersion"), relist.get("limit")) == (seen, "3")
+        finally:
+            src.stop()
 
-    def compact_after_first_page(kind: str, q: dict[str, str]) -> None:
-        if kind == "Service" and first[0]:
-            first[0] = False
-            server.delete("Service", "default", "svc-0")
-            server.compact()  # the continue token handed out with this page is now too old
 
-    server.on_list_page = compact_after_first_page
-    src = make_source(server, page_size=2)
-    assert src.wait_synced(3)
-    assert names(src, "Service") == {"svc-1", "svc-2", "svc-3", "svc-4"}
-    pages = [bool(q.get("continue")) for q in server.list_requests("Service")]
-    assert pages == [False, True, False, True]  # page 1, 410 Expired, then a full list
-    assert src.counters["errors"] == 0  # restarting the list needs no backoff
-    assert src.requests.get("410") == 1  # every request counted by its status (rest_client_requests_total)
-    assert src.host == server.url.split("://", 1)[1]
+def test_expired_continue_token_ends_in_one_whole_list() -> None:
+    with FakeAPIServer(watch_cache=False) as server:
+        for i in range(5):
+            server.create(service(f"svc-{i}"))
+        first = [True]
+
+        def compact_after_first_page(kind: str, q: dict[str, str]) -> None:
+            if kind == "Service" and first[0]:
+                first[0] = False
+                server.delete("Service", "default", "svc-0")
+                server.compact()  # the continue token handed out with this page is now too old
+
+        server.on_list_page = compact_after_first_page
+        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=server.url))
+        src = KubernetesSource(api, NODE, page_size=2, backoff_initial=0.01, backoff_max=0.05)
+        src.start()
+        try:
+            assert src.wait_synced(3)
+            assert names(src, "Service") == {"svc-1", "svc-2", "svc-3", "svc-4"}
+            pages = [(bool(q.get("continue")), q.get("limit")) for q in server.list_requests("Service")]
+            # page 1, 410 Expired, then one list without pages (paging again could expire again)
+            assert pages == [(False, "2"), (True, "2"), (False, None)]
+            assert src.counters["errors"] == 0  # restarting the list needs no backoff
+            assert src.requests.get("410") == 1  # every request counted by its status (rest_client_requests_total)
+            assert src.host == server.url.split("://", 1)[1]
+        finally:
+            src.stop()
+
+
+def test_a_version_the_server_lost_is_followed_by_a_consistent_list() -> None:
+    """A paged relist at the last version seen that the server has compacted away (410), as
+    client-go's reflector: the list is made again without a version, at once."""
+    with FakeAPIServer(bookmark_interval=None, watch_cache=False) as srv:
+        for i in range(4):
+            srv.create(service(f"svc-{i}"))
+        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=srv.url))
+        src = KubernetesSource(api, NODE, page_size=2, backoff_initial=0.01, backoff_max=0.05)
+        src.start()
+        try:
+            assert src.wait_synced(3)
+            seen = src.resource_version("Service")
+            srv.delete("Service", "default", "svc-0")
+            srv.compact()
+            srv.close_watches()
+            assert wait_until(lambda: "svc-0" not in names(src, "Service"))
+            relists = [(q.get("resourceVersion"), bool(q.get("continue"))) for q in srv.list_requests("Service")[2:]]
+            assert relists[:3] == [(seen, False), (None, False), (None, True)]  # 410, then a consistent list
+            srv.create(service("svc-9"))  # and it watches from there
+            assert wait_until(lambda: "svc-9" in names(src, "Service"))
+        finally:
+            src.stop()
 
 
 # -- watch -------------------------------------------------------------------------------
@@ -369,6 +429,9 @@ def test_gone_relists_and_replaces_the_cache(make_source: Any, gone_mode: str) -
         assert len(srv.list_requests("Service")) == 2
         stale = srv.watch_requests("Service")[-2]["resourceVersion"]  # answered with 410
         assert int(stale) < srv.resource_version - 3
+        # relisted at the last version seen, unpaged (the watch cache answers it; client-go too)
+        first, relist = srv.list_requests("Service")
+        assert (first.get("resourceVersion"), relist.get("resourceVersion"), relist.get("limit")) == ("0", stale, None)
         assert src.resource_version("Service") == str(srv.resource_version)
         assert calls.n >= 3  # sync + at least one change per relisted resource
         # kube-proxy counts every object a relist delivers (client-go's Replace updates each one):
@@ -395,6 +458,68 @@ def test_a_refused_watch_relists(make_source: Any) -> None:
         assert wait_until(lambda: "late" in names(src, "Service"))
         assert len(srv.list_requests("Service")) >= 2  # relisted (again, while the list's version is refused)
         src.stop()
+
+
+def test_a_watch_gone_at_once_again_and_again_is_relisted_ever_more_slowly(make_source: Any,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """When an API server restarts, every node's watch gets its 410 at once: the relist waits (with
+    client-go's jitter, which spreads the nodes), and a server that answers each new watch with 410
+    again is relisted ever more slowly, not in a tight loop."""
+    monkeypatch.setattr(random, "uniform", lambda a, b: a)
+    with FakeAPIServer(bookmark_interval=None) as srv:
+        populate(srv)
+        src = make_source(srv, backoff_initial=0.05, backoff_max=0.2)
+        assert src.wait_synced(3)
+        delays = recorded_waits(src, monkeypatch)
+        srv.expire_watches = True
+        srv.close_watches()
+        time.sleep(1.0)
+        lists = len(srv.list_requests("Service"))
+        src.stop()
+        waits = [d for t, d in delays if t.endswith("-Service")]
+        assert waits[:4] == pytest.approx([0.05, 0.1, 0.2, 0.2]), waits
+        assert 3 <= lists <= 8, lists  # (1 s: 0.05 + 0.1 + 0.2 + 0.2 + 0.2 + ...)
+
+
+def test_jitter_spreads_each_delay_over_d_to_2d(make_source: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[float, float]] = []
+
+    def uniform(a: float, b: float) -> float:
+        seen.append((a, b))
+        return b
+
+    monkeypatch.setattr(random, "uniform", uniform)
+    with FakeAPIServer(bookmark_interval=None) as srv:
+        populate(srv)
+        src = make_source(srv, start=False, watch_timeout=300)
+        delays = recorded_waits(src, monkeypatch)
+        srv.stop()  # (an outage: backoff)
+        src.start()
+        assert wait_until(lambda: len(delays) >= 3)
+        srv.start()
+        assert src.wait_synced(5)
+        assert wait_until(lambda: srv.watch_requests("Service"))
+        src.stop()
+    assert set(seen) == {(1.0, 2.0)}
+    assert delays[0][1] == pytest.approx(0.1)  # 0.05 x 2
+    # each watch asks for a timeout between 1x and 2x the configured one (client-go: 5-10 minutes)
+    assert {w["timeoutSeconds"] for w in srv.watch_requests("Service")} == {"600"}
+
+
+def test_a_throttled_request_waits_its_retry_after(make_source: Any) -> None:
+    """429 Too Many Requests (API Priority and Fairness): retried after its Retry-After, by urllib3's
+    own retries (client-go waits it too), not counted as a failure."""
+    with FakeAPIServer(bookmark_interval=None) as srv:
+        populate(srv)
+        srv.throttled["Service"], srv.retry_after = 2, 1
+        src = make_source(srv, start=False, backoff_initial=0.01, backoff_max=0.05)
+        started = time.monotonic()
+        src.start()
+        assert src.wait_synced(10)
+        took = time.monotonic() - started
+        src.stop()
+    assert took >= 2.0 and srv.throttled["Service"] == 0
+    assert src.counters["errors"] == 0
 
 
 def test_requests_that_reach_no_server_are_counted_as_errors(make_source: Any) -> None:
@@ -521,6 +646,45 @@ current-context: fake
         src.start()
         assert src.wait_synced(3)
         assert names(src, "Node") == {NODE}
+    finally:
+        src.stop()
+
+
+def test_a_kubeconfig_token_file_is_read_again(server: FakeAPIServer, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubeadm's kube-proxy kubeconfig names the pod's service account token by tokenFile, which
+    the kubelet rotates: read again (client-go: every minute), relative to the kubeconfig."""
+    populate(server)
+    (tmp_path / "secrets").mkdir()
+    token = tmp_path / "secrets" / "token"
+    token.write_text("token-v1\n")
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: "{server.url}"}}}}]
+users: [{{name: me, user: {{tokenFile: secrets/token}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: me}}}}]
+current-context: fake
+"""
+    )
+    monkeypatch.setattr(kubernetes_source, "TOKEN_FILE_PERIOD", 0.0)
+    api = load_api_client(str(cfg))
+    src = KubernetesSource(api, NODE, backoff_initial=0.01, backoff_max=0.05)
+    try:
+        src.start()
+        assert src.wait_synced(3)
+        assert set(server.authorizations) == {"Bearer token-v1"}
+        token.write_text("token-v2\n")
+        seen = len(server.authorizations)
+        server.close_watches()  # (new requests)
+        assert wait_until(lambda: len(server.authorizations) > seen + 2)
+        assert set(server.authorizations[seen:]) == {"Bearer token-v2"}
+        token.unlink()  # a read that fails keeps the last token
+        seen = len(server.authorizations)
+        server.close_watches()
+        assert wait_until(lambda: len(server.authorizations) > seen + 2)
+        assert set(server.authorizations[seen:]) == {"Bearer token-v2"}
     finally:
         src.stop()
 
