@@ -39,13 +39,15 @@ def topology_mode(endpoints: Iterable[EndpointInfo], node_name: str, zone: str |
     """'node' or 'zone' when hints may be used, else None.
 
     Hints count only if every ready endpoint carries them and at least one names this node/zone.
+    A node without a zone label is in zone "" (as kube-proxy reads the label), which a hint may name.
     """
     ready = [e for e in endpoints if e.ready]
     if not ready:
         return None
     if all(e.nodeHints for e in ready) and any(node_name in e.nodeHints for e in ready):
         return "node"
-    if zone and all(e.zoneHints for e in ready) and any(zone in e.zoneHints for e in ready):
+    zone = zone or ""
+    if all(e.zoneHints for e in ready) and any(zone in e.zoneHints for e in ready):
         return "zone"
     return None
 
@@ -75,7 +77,7 @@ def categorize_endpoints(
             if mode == "node":
                 return node_name in e.nodeHints
             if mode == "zone":
-                return zone in e.zoneHints
+                return (zone or "") in e.zoneHints
             return True
 
         cluster = tuple(e for e in eps if e.ready and in_topology(e))

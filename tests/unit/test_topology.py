@@ -43,6 +43,11 @@ CASES = [
     ("zone hints ignored when one lacks hints", [ZA, ZB, NO_HINT], True, False, "zone-a", [ZA, ZB, NO_HINT], [], True),
     ("zone hints ignored when none match", [ZB], True, False, "zone-a", [ZB], [], True),
     ("zone hints ignored without node zone", [ZA, ZB], True, False, None, [ZA, ZB], [], True),
+    # kube-proxy reads a missing (or empty) zone label as zone "", which a hint may name
+    ("a node without zone is in zone \"\"", [ep("10.0.1.5", zones=("",)), ZB], True, False, None,
+     [ep("10.0.1.5", zones=("",))], [], True),
+    ("an empty zone label is zone \"\"", [ep("10.0.1.5", zones=("",)), ZB], True, False, "",
+     [ep("10.0.1.5", zones=("",))], [], True),
     ("hints not applied to local list", [ZB, ep("10.0.1.9", zones=("zone-b",))], True, True, "zone-a",
      [ZB, ep("10.0.1.9", zones=("zone-b",))], [ep("10.0.1.9", zones=("zone-b",))], True),
     ("node hints win over zone hints", [NA, NB], True, False, "zone-a", [NA], [], True),
