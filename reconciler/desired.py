@@ -353,6 +353,9 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
     svc_type = r.enum(("spec", "type"), ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"), "ClusterIP")
     if svc_type == "ExternalName":
         return None
+    # (read by the API server, not by a proxy; a wrong type here is a manifest the API server refuses)
+    _attempt(errors, r.typed, ("spec", "allocateLoadBalancerNodePorts"), bool)
+    _attempt(errors, r.typed, ("spec", "trafficDistribution"), str)
     ips = r.typed(("spec", "clusterIPs"), list)
     paths: list[Path]
     if ips:

@@ -321,6 +321,11 @@ def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
     assert "spec.ipFamilies[0]: must be one of IPv4, IPv6, got 'IPv5'" in msg
     msg = errors_for(tmp_path, base.replace("name: web", "name: 123"))
     assert "svc.yaml:4:3: metadata.name: expected string, got int" in msg
+    # fields no proxy reads are typed all the same ("false" would be read as unset)
+    msg = errors_for(tmp_path, base.replace("spec:\n", "spec:\n  allocateLoadBalancerNodePorts: 'false'\n"
+                                            "  trafficDistribution: [PreferClose]\n"))
+    assert "svc.yaml:7:3: spec.allocateLoadBalancerNodePorts: expected boolean, got string" in msg
+    assert "svc.yaml:8:3: spec.trafficDistribution: expected string, got list" in msg
     eps = """apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
