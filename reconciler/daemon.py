@@ -705,10 +705,10 @@ class Daemon:
         check = self.drift_check
         if self.applied_model is None:  # nothing applied yet: all of it is a change to make
             self.health.queued_update()
+        # a full resync reads the kernel back, unless its generation says that nobody has
+        # committed anything since our own last commit (see drift.py)
+        read = self.applied_model is None or (full and check.needs_read())
         try:
-            # a full resync reads the kernel back, unless its generation says that nobody has
-            # committed anything since our own last commit (see drift.py)
-            read = self.applied_model is None or (full and check.needs_read())
             if read:
                 read_at = check.reading()
                 planned = make_plan(self.backend, desired, describe=False)
@@ -747,7 +747,7 @@ class Daemon:
                 clean_conntrack(planned)  # (apply() does it otherwise)
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
             check.forget()
-            return self._failed(kind, start, exc, quiet=not full)
+            return self._failed(kind, start, exc, quiet=not full, whole=read)
         seconds = self.clock.monotonic() - start
         self.applied_model = after
         self.applied_desired = desired
@@ -778,7 +778,7 @@ class Daemon:
         # input changed too: drift is what separates the kernel from what we last applied
         return len(self.backend.diff(self.applied_model, planned.observed_model))
 
-    def _failed(self, kind: str, start: float, exc: Exception, quiet: bool) -> SyncReport:
+    def _failed(self, kind: str, start: float, exc: Exception, quiet: bool, whole: bool = False) -> SyncReport:
         seconds = self.clock.monotonic() - start
         msg = str(exc).strip() or type(exc).__name__
         self._need_full = True
@@ -788,7 +788,7 @@ class Daemon:
         m = self.metrics
         m.syncs.labels(kind, "error").inc()
         m.sync_duration.observe(seconds)  # every attempt, as kube-proxy: a slow failure shows too
-        (m.full_sync_duration if kind == "full" else m.partial_sync_duration).observe(seconds)
+        (m.full_sync_duration if whole else m.partial_sync_duration).observe(seconds)
         if m.kernel_tool_failures is not None and isinstance(exc, (KernelError, OSError)):
             m.kernel_tool_failures.inc()  # (incremental attempts too: kube-proxy counts each failure)
             if m.partial_failures is not None and kind == "incremental":
@@ -806,7 +806,9 @@ class Daemon:
     def _after_success(self, report: SyncReport, desired: DesiredState, by_action: Counter[str]) -> None:
         m = self.metrics
         m.sync_duration.observe(report.seconds)
-        (m.full_sync_duration if report.kind == "full" else m.partial_sync_duration).observe(report.seconds)
+        # kube-proxy's "full" syncs are those that rewrite everything (the first, after a failure, and
+        # hourly), its periodic ones "partial": ours are those that read the kernel back to plan
+        (m.full_sync_duration if report.kernel_read else m.partial_sync_duration).observe(report.seconds)
         m.last_sync.set(self.clock.time())
         m.syncs.labels(report.kind, "success").inc()
         m.observe_operations(by_action)

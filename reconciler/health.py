@@ -405,12 +405,12 @@ class _MetricsHandler(_Handler):
     server: Any
 
     def respond(self) -> None:
-        from prometheus_client.exposition import choose_encoder
+        from .metrics import exposition
 
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            self.send(200, encoder(self.server.registry), content_type)
+            body, headers = exposition(self.server.registry, self.headers.get("Accept-Encoding", ""))
+            self.send(200, body, headers.pop("Content-Type"), headers)
         elif path == "/proxyMode":
             self.send(200, self.server.mode.encode(), "text/plain; charset=utf-8")
         elif path == "/configz" and self.server.configz is not None:

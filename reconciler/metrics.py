@@ -8,13 +8,17 @@ The process's own metrics (process_*, python_*) come with it, as kube-proxy's pr
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import logging
+import math
+import re
 import threading
+from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping
 
 from prometheus_client import (
-    CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector, ProcessCollector,
-    disable_created_metrics,
+    CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
+    ProcessCollector, disable_created_metrics, generate_latest,
 )
 
 from .sources.objects import SourceObject
@@ -207,6 +211,42 @@ class Metrics:
                 totals[1] += sign * _no_local(sp, "external")
         self.no_local_endpoints.labels("internal").set(totals[0])
         self.no_local_endpoints.labels("external").set(totals[1])
+
+
+def exposition(registry: CollectorRegistry, accept_encoding: str = "") -> tuple[bytes, dict[str, str]]:
+    """/metrics as kube-proxy serves it (client_golang's promhttp with no options): the text
+    format 0.0.4 whatever the scraper accepts (never OpenMetrics, whose metadata drops `_total`),
+    gzipped when the scraper takes it, bucket bounds written as Go writes floats (`le="1"`, not
+    `le="1.0"`: on Prometheus 2 another spelling is another series, beside kube-proxy's)."""
+    body = _LE.sub(lambda m: f'le="{go_float(m.group(1))}"', generate_latest(registry).decode()).encode()
+    headers = {"Content-Type": TEXT_FORMAT}
+    if "gzip" in accept_encoding.lower():
+        body = gzip.compress(body)
+        headers["Content-Encoding"] = "gzip"
+    return body, headers
+
+
+_LE = re.compile(r'le="([^"]+)"')
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # (prometheus_client's newest says 1.0.0: the same text)
+
+
+def go_float(text: str) -> str:
+    """A float as Go's strconv.FormatFloat(f, 'g', -1, 64) writes it (expfmt's bounds): the
+    shortest digits, an exponent below 1e-4 and from 1e6 on."""
+    f = float(text)
+    if math.isnan(f):
+        return "NaN"
+    if math.isinf(f):
+        return "+Inf" if f > 0 else "-Inf"
+    if f == 0:
+        return "0"
+    d = Decimal(repr(f)).normalize()
+    exp = d.adjusted()
+    if -4 <= exp < 6:
+        return format(d, "f")
+    sign, digits, _ = d.as_tuple()
+    mantissa = str(digits[0]) + ("." + "".join(map(str, digits[1:])) if len(digits) > 1 else "")
+    return f"{'-' if sign else ''}{mantissa}e{'+' if exp >= 0 else '-'}{abs(exp):02d}"
 
 
 def no_local_endpoints(desired: DesiredState, policy: str) -> int:

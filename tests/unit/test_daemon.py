@@ -1713,6 +1713,28 @@ def test_kernel_tool_failures_are_counted_under_kube_proxys_names_and_timed() ->
     assert value(d, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 3  # first, retry, retry
 
 
+def test_only_syncs_that_read_the_kernel_are_timed_as_full() -> None:
+    """kube-proxy times as "full" the syncs that rewrite everything (the first, after a failure,
+    hourly) and its periodic ones as "partial": a resync every sync period that the ruleset
+    generation lets skip the kernel read is a partial one; one after a foreign commit is full."""
+    from reconciler.metrics import Metrics
+
+    d, backend, source, clock = make()
+    d.metrics = Metrics("nftables")
+    full, partial = ("kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+                     "kubeproxy_sync_partial_proxy_rules_duration_seconds_count")
+    assert d.step().kernel_read  # type: ignore[union-attr]
+    for _ in range(3):
+        clock.advance(SYNC)
+        report = d.step()
+        assert report is not None and report.kind == "full" and not report.kernel_read
+    assert (value(d, full), value(d, partial)) == (1, 3)
+    backend.gen += 1  # (somebody else committed)
+    clock.advance(SYNC)
+    assert d.step().kernel_read  # type: ignore[union-attr]
+    assert (value(d, full), value(d, partial)) == (2, 3)
+
+
 def test_no_local_endpoints_counts_only_dropped_traffic() -> None:
     """kube-proxy counts a Local policy with no local endpoint only when the service has endpoints
     elsewhere (its traffic is dropped); with none at all it is rejected and not counted."""

@@ -445,6 +445,25 @@ def test_kustomization_lists_every_manifest():
     assert set(resources) == expected
 
 
+def test_pod_monitor_scrapes_the_pods_as_kube_prometheus_scrapes_kube_proxy(pod_spec, container):
+    """kube-prometheus's kube-proxy PodMonitor gives job="kube-proxy", instance=<node>: the
+    kubernetes-mixin alerts and dashboard select on them."""
+    docs = _load_docs(ROOT / "deploy" / "monitoring" / "podmonitor.yaml")
+    assert [d["kind"] for d in docs] == ["PodMonitor"]
+    spec = docs[0]["spec"]
+    ds = _one("DaemonSet")
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert spec["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["namespaceSelector"]["matchNames"] == [ds["metadata"]["namespace"]]
+    (endpoint,) = spec["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container["ports"]}
+    relabel = {r["targetLabel"]: r for r in endpoint["relabelings"]}
+    assert relabel["job"]["replacement"] == "kube-proxy"
+    assert relabel["instance"]["sourceLabels"] == ["__meta_kubernetes_pod_node_name"]
+    kustomization = yaml.safe_load((ROOT / "deploy" / "monitoring" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["podmonitor.yaml"]
+
+
 # -------------------------------------------------------------- edge/systemd --
 
 

@@ -4,6 +4,7 @@ healthCheckNodePort servers, on real sockets on 127.0.0.1 with an injected clock
 from __future__ import annotations
 
 import errno
+import gzip
 import http.client
 import json
 import socket
@@ -335,8 +336,25 @@ def test_metrics_exposition(metrics: Metrics) -> None:
         for name in METRIC_NAMES:
             assert f"# TYPE {name} " in text, name
         assert 'kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="internal"} 0.0' in text
+        # bounds as Go writes them (kube-proxy's series on Prometheus 2: le="1", not le="1.0")
         assert 'kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="16.384"}' in text
-        assert 'kubeproxy_network_programming_duration_seconds_bucket{le="300.0"}' in text
+        assert 'kubeproxy_sync_proxy_rules_duration_seconds_bucket{le="0.001"}' in text
+        assert 'kubeproxy_network_programming_duration_seconds_bucket{le="300"}' in text
+        assert 'kubeproxy_network_programming_duration_seconds_bucket{le="0"}' in text
+        assert 'kubeproxy_network_programming_duration_seconds_bucket{le="+Inf"}' in text
+        assert ".0\"}" not in text
+        # the text format whatever Prometheus accepts (kube-proxy never answers in OpenMetrics),
+        # gzipped when it takes that
+        request = urllib.request.Request(f"http://127.0.0.1:{srv.port}/metrics", headers={
+            "Accept": "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5",
+            "Accept-Encoding": "gzip"})
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            assert resp.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            assert resp.headers["Content-Encoding"] == "gzip"
+            zipped = gzip.decompress(resp.read()).decode()
+        kinds = [line for line in text.splitlines() if line.startswith("# TYPE")]
+        assert [line for line in zipped.splitlines() if line.startswith("# TYPE")] == kinds
+        assert "# TYPE rest_client_requests_total counter" in kinds and "# EOF" not in zipped
         assert get(f"http://127.0.0.1:{srv.port}/proxyMode")[2] == b"nftables"
         assert get(f"http://127.0.0.1:{srv.port}/nope")[0] == 404
     finally:
