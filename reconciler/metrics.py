@@ -226,7 +226,7 @@ def exposition(registry: CollectorRegistry, accept_encoding: str = "") -> tuple[
     return body, headers
 
 
-_LE = re.compile(r'le="([^"]+)"')
+_LE = re.compile(r'(?<=[{,])le="([^"]+)"')  # (the label le, not the end of table="filter")
 TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"  # (prometheus_client's newest says 1.0.0: the same text)
 
 

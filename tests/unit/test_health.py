@@ -359,6 +359,16 @@ def test_metrics_exposition(metrics: Metrics) -> None:
         assert get(f"http://127.0.0.1:{srv.port}/nope")[0] == 404
     finally:
         srv.close()
+    # a label that ends in "le" is no bucket bound (iptables mode's table="filter")
+    ipt = Metrics("iptables")
+    ipt.iptables_rules.labels("filter").set(3)
+    srv = start_metrics_server("127.0.0.1:0", ipt.registry, "iptables")
+    assert srv is not None
+    try:
+        code, _, raw = get(f"http://127.0.0.1:{srv.port}/metrics")
+        assert code == 200 and 'kubeproxy_sync_proxy_rules_iptables_total{table="filter"} 3.0' in raw.decode()
+    finally:
+        srv.close()
     # its own registry: nothing of ours in the global one
     assert "reconciler_drift_repairs_total" not in generate_latest(REGISTRY).decode()
 
