@@ -57,7 +57,8 @@ from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
 from .sources.manifests import may_hold_a_node
 from .sources.objects import (
-    InputConflict, InputError, InputErrors, Location, SourceObject, SourceUnavailable, in_place_order, name_some,
+    SERVICE_KINDS, InputConflict, InputError, InputErrors, Location, SourceObject, SourceUnavailable, in_place_order,
+    name_some,
 )
 from .sources.watch import LOGGED_PATHS, DirectorySource, Snapshot
 from .state import EVERY_ADDRESS, DesiredState
@@ -511,17 +512,17 @@ class Daemon:
             self._pending = _PendingChanges()
             self._pending.added = held
             self._set_pending_changes()
-            if not self._build_cache.objects and not held:
+            if not held and not any(o.kind in SERVICE_KINDS for o in self._build_cache.objects.values()):
                 return None, [*all_errors, self._empty_source()]
             return desired, all_errors
         return None, all_errors
 
     def _empty_source(self) -> InputError:
-        """A directory with no Service, EndpointSlice or Node (a wrong --source, a folder cloned
-        again and not checked out yet, an emptied branch) is taken for a mistake: applied, it
-        would remove every service port of ours."""
+        """A directory with no Service or EndpointSlice (a wrong --source, a folder cloned again
+        and not checked out yet, an emptied branch, a copy that has written the Node's file
+        first) is taken for a mistake: applied, it would remove every service port of ours."""
         root = getattr(self.source, "root", "source")
-        return SourceUnavailable(Location(root), "no Service, EndpointSlice or Node in it: taken for a mistake "
+        return SourceUnavailable(Location(root), "no Service or EndpointSlice in it: taken for a mistake "
                           "(a wrong --source, a checkout not done yet), not applied; `reconciler cleanup` "
                           "removes every service port of ours")
 

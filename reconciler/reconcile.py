@@ -21,7 +21,7 @@ from .config import Options
 from .desired import build_desired_state
 from .plan import Plan, service_change_counts, service_changes
 from .sources.manifests import load_directory
-from .sources.objects import InputErrors, InputWarning
+from .sources.objects import SERVICE_KINDS, InputErrors, InputWarning
 from .state import DesiredState, Family
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,9 @@ def load_desired(source: str, options: Options, pool: Executor | None = None) ->
         raise
     for w in (*loaded.warnings, *desired.warnings):
         log.warning("%s", w)
-    if not loaded.objects:  # (a wrong --source: applied, it removes every service port of ours)
-        log.warning("%s", InputWarning(source, "no Service, EndpointSlice or Node in it: the desired state has no "
+    if not any(o.kind in SERVICE_KINDS for o in loaded.objects):  # (a wrong --source, or only a Node
+        # written so far: applied, it removes every service port of ours)
+        log.warning("%s", InputWarning(source, "no Service or EndpointSlice in it: the desired state has no "
                                                "service ports"))
     return desired
 

@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterable, Mapping
 Path = tuple[str | int, ...]
 
 KINDS = ("Service", "EndpointSlice", "Node")
+SERVICE_KINDS = KINDS[:2]  # (a source without any is taken for a mistake: see the run loop)
 
 
 @dataclass(frozen=True)

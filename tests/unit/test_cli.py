@@ -159,7 +159,7 @@ def test_a_source_without_any_object_is_warned_about(tmp_path: Path, caplog: pyt
     (tmp_path / "values.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
     args = ["validate", "--source", str(tmp_path), "--node-name", "node-a"]
     assert main(args) == 0
-    assert f"{tmp_path}: no Service, EndpointSlice or Node in it" in caplog.text
+    assert f"{tmp_path}: no Service or EndpointSlice in it" in caplog.text
     assert main([*args, "--strict"]) == 1
     caplog.clear()
     (tmp_path / "web.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n"
