@@ -6,7 +6,9 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any, Sequence, get_args
 
 from . import __version__, gcpolicy, instance_lock, quiet_library_loggers
@@ -240,6 +242,10 @@ def _sbin_on_path() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     _sbin_on_path()
     args = build_parser().parse_args(argv)
+    if args.command == "run" and threading.current_thread() is threading.main_thread():
+        # (a reload, or ReloadPropagatedFrom=, while it starts: not death by SIGHUP's default
+        # action; run installs its handlers as soon as it has a loop to wake)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(message)s", stream=sys.stderr)
     quiet_library_loggers()

@@ -269,6 +269,7 @@ class Daemon:
         self._seen_triggers: dict[Key, str] = {}  # a directory's slices' trigger times, as last read
         self._gone_triggers: dict[Key, str] = {}  # (those of the slices the last build removed)
         self._failed_in_a_row = 0  # syncs that failed since the last one that succeeded
+        self._stop: threading.Event | None = None  # (run_forever's: no retry once it is set)
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
         self._source_errors_seen = 0
@@ -332,6 +333,7 @@ class Daemon:
         return self.sync(kind) if kind else None
 
     def run_forever(self, stop: threading.Event) -> None:
+        self._stop = stop
         self.health.updated()  # like kube-proxy's SyncLoop start
         self.metrics.last_queued.set(self.clock.time())
         while not stop.is_set():
@@ -686,11 +688,13 @@ class Daemon:
             log.info("sync %s: no valid input yet, kernel left as it is", kind, extra=_fields(sync=kind))
             return self._remember(report)
         report = self._sync_kernel(full, start)
-        if not report.ok and not full:
+        if not report.ok and not full and not (self._stop is not None and self._stop.is_set()):
+            # (not once asked to stop: no new transaction then, the failed one is left to the next start)
             log.warning("incremental sync failed (%s); retrying with a full resync", report.error,
                         extra=_fields(sync=kind, error=report.error))
             self._last_full = start
-            report = self._sync_kernel(True, self.clock.monotonic())  # (timed on its own, as kube-proxy's next sync)
+            # (timed on its own, as kube-proxy's next sync)
+            report = self._sync_kernel(True, self.clock.monotonic(), after_failure=True)
         return self._remember(report)
 
     def _remember(self, report: SyncReport) -> SyncReport:
@@ -699,7 +703,7 @@ class Daemon:
         self._failed_in_a_row = 0 if report.ok else self._failed_in_a_row + 1
         return report
 
-    def _sync_kernel(self, full: bool, start: float) -> SyncReport:
+    def _sync_kernel(self, full: bool, start: float, after_failure: bool = False) -> SyncReport:
         kind = "full" if full else "incremental"
         desired = self.desired
         assert desired is not None
@@ -721,7 +725,8 @@ class Daemon:
                     leftovers = other_mode_leftovers(self.backend.mode, unseen_only=True)
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model,
                                     other_mode=bool(leftovers), leftovers=leftovers, describe=False)
-            drift = self._drift(read, desired, planned)
+            # (what a failed sync of ours committed before it failed is no one else's doing)
+            drift = 0 if after_failure or self._failed_in_a_row else self._drift(read, desired, planned)
             if drift:  # the kernel is not as we left it: a change to make, like a queued one
                 self.health.queued_update()
                 conntrack.RECONCILER.recheck()  # (UDP flows made meanwhile may bypass our rules)
@@ -927,8 +932,10 @@ def run(args: argparse.Namespace, opts: Options) -> int:
     source: Source | None = None
     recorder: EventRecorder | None = None
     stop = threading.Event()
-    saved_handlers: dict[int, Any] = {}
     config_changed = threading.Event()
+    # first: SIGTERM while starting (the instance lock, the listeners, the source) stops it with
+    # its log line, SIGHUP asks for the first sync's full read (which it is anyway)
+    saved_handlers = _install_signal_handlers(stop, daemon)
 
     def exit_for_new_config() -> None:
         config_changed.set()
@@ -950,7 +957,6 @@ def run(args: argparse.Namespace, opts: Options) -> int:
         if hard_fail and not all(started):
             return 1
         daemon.source = source
-        saved_handlers = _install_signal_handlers(stop, daemon)
         if config_watch is not None:
             config_watch.start()
         source.start()

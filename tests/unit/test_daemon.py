@@ -657,6 +657,57 @@ def test_failed_incremental_sync_falls_back_to_a_full_one() -> None:
     assert value(d, "reconciler_syncs_total", {"type": "incremental", "result": "error"}) == 1
 
 
+def test_no_retry_once_asked_to_stop() -> None:
+    """SIGTERM during an incremental sync that then fails: no new transaction (the full retry) on
+    the way out; the next start reads the kernel anyway."""
+    d, backend, source, clock = make()
+    d.step()
+    stop = threading.Event()
+    d._stop = stop  # (as run_forever sets it)
+    real_apply = backend.apply
+    calls: list[Any] = []
+
+    def stopped_then_failing(ops: list[Operation]) -> list[int] | None:
+        calls.append(ops)
+        stop.set()  # (SIGTERM arrives while the tool runs; the tool then fails)
+        raise KernelError("nft: interrupted")
+
+    backend.apply = stopped_then_failing  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",))
+    d.notify()
+    clock.advance(2)
+    report = d.step()
+    assert report is not None and not report.ok and report.kind == "incremental" and len(calls) == 1
+    backend.apply = real_apply  # type: ignore[method-assign]
+
+
+def test_what_our_own_failed_sync_committed_is_no_drift(caplog: pytest.LogCaptureFixture) -> None:
+    """iptables commits table by table: a restore that failed after its first table left the
+    kernel half-way. The retry completes it; that is not somebody else's drift (the drift alerts
+    would fire for it)."""
+    d, backend, source, clock = make(objects=web() + web("10.96.0.11", name="api"))
+    d.step()
+    real_apply = backend.apply
+    calls: list[Any] = []
+
+    def half_then_failing(ops: list[Operation]) -> list[int] | None:
+        calls.append(ops)
+        if len(calls) == 1:
+            real_apply(ops[:1])
+            raise KernelError("iptables-restore: line 9 failed; committed before it failed: table filter")
+        return real_apply(ops)
+
+    backend.apply = half_then_failing  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",)) + web("10.96.0.11", ("10.244.1.78",), name="api")
+    d.notify()
+    clock.advance(2)
+    report = d.step()
+    assert report is not None and report.ok and report.kind == "full" and report.kernel_read
+    assert report.drift == 0 and value(d, "reconciler_drift_repairs_total") == 0
+    assert "repaired drift" not in caplog.text
+    assert backend.kernel == backend.render(d.desired)
+
+
 def test_no_sync_before_the_source_is_synced() -> None:
     d, backend, source, clock = make()
     source.is_ready = False
@@ -1495,6 +1546,25 @@ def _run_in_process(argv: list[str]) -> tuple[int, str]:
         root.setLevel(saved[1])
     assert {s: signal.getsignal(s) for s in handlers} == handlers  # handlers restored
     return code, stream.getvalue()
+
+
+def test_signals_are_handled_from_the_start_of_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM or SIGHUP while run starts (its instance lock, listeners, source: ~0.4 s) is
+    handled as later, not the default action's silent death (a reload during a start)."""
+    import reconciler.daemon as daemon_mod
+
+    seen: dict[int, Any] = {}
+
+    def acquire(*_a: Any) -> None:
+        seen.update({s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)})
+        raise daemon_mod.instance_lock.AlreadyRunning("/run/x.lock", "1")  # (ends run at once)
+
+    monkeypatch.setattr(daemon_mod.instance_lock, "acquire", acquire)
+    code, out = _run_in_process(["run", "--source", str(tmp_path), "--node-name", "node-a",
+                                 "--healthz-bind-address", "", "--metrics-bind-address", ""])
+    assert code == 1 and "already programs this network namespace" in out
+    assert all(callable(h) and h not in (signal.default_int_handler,) for h in seen.values()), seen
+    assert {getattr(h, "__module__", None) for h in seen.values()} == {"reconciler.daemon"}
 
 
 def test_run_proxies_while_the_healthz_port_is_taken_and_binds_it_later(
