@@ -269,6 +269,9 @@ class Daemon:
         self._seen_triggers: dict[Key, str] = {}  # a directory's slices' trigger times, as last read
         self._gone_triggers: dict[Key, str] = {}  # (those of the slices the last build removed)
         self._failed_in_a_row = 0  # syncs that failed since the last one that succeeded
+        # a transaction of ours failed since the last sync that succeeded: it may have committed
+        # part of itself (iptables commits table by table), which the next read finds
+        self._own_partial = False
         self._stop: threading.Event | None = None  # (run_forever's: no retry once it is set)
         self._input = _InputState()
         self._node: dict[str, Any] | None = None
@@ -694,7 +697,7 @@ class Daemon:
                         extra=_fields(sync=kind, error=report.error))
             self._last_full = start
             # (timed on its own, as kube-proxy's next sync)
-            report = self._sync_kernel(True, self.clock.monotonic(), after_failure=True)
+            report = self._sync_kernel(True, self.clock.monotonic())
         return self._remember(report)
 
     def _remember(self, report: SyncReport) -> SyncReport:
@@ -703,7 +706,7 @@ class Daemon:
         self._failed_in_a_row = 0 if report.ok else self._failed_in_a_row + 1
         return report
 
-    def _sync_kernel(self, full: bool, start: float, after_failure: bool = False) -> SyncReport:
+    def _sync_kernel(self, full: bool, start: float) -> SyncReport:
         kind = "full" if full else "incremental"
         desired = self.desired
         assert desired is not None
@@ -725,8 +728,9 @@ class Daemon:
                     leftovers = other_mode_leftovers(self.backend.mode, unseen_only=True)
                 planned = make_plan(self.backend, desired, observed_model=self.applied_model,
                                     other_mode=bool(leftovers), leftovers=leftovers, describe=False)
-            # (what a failed sync of ours committed before it failed is no one else's doing)
-            drift = 0 if after_failure or self._failed_in_a_row else self._drift(read, desired, planned)
+            drift = self._drift(read, desired, planned)
+            # (what a failed transaction of ours committed is no one else's doing: not reported)
+            ours = self._own_partial
             if drift:  # the kernel is not as we left it: a change to make, like a queued one
                 self.health.queued_update()
                 conntrack.RECONCILER.recheck()  # (UDP flows made meanwhile may bypass our rules)
@@ -741,6 +745,7 @@ class Daemon:
             # objects, which the next diff recognises by identity), not a second, observed copy.
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
             if operations:
+                self._own_partial = True  # (until it succeeds)
                 after = apply(self.backend, planned, verify=read, release=True)
                 if read:  # verified at verified_at: by the generation, or by reading it back
                     check.found_in_sync(planned.verified_at)
@@ -758,6 +763,9 @@ class Daemon:
         self.applied_model = after
         self.applied_desired = desired
         self._need_full = False
+        self._own_partial = False
+        if ours:
+            drift = 0
         report = SyncReport(kind, True, operations, drift, counts["+"], counts["~"], counts["-"], seconds,
                             kernel_read=read, services=named, services_total=len(touched))
         if read:
