@@ -187,6 +187,16 @@ class KernelError(Exception):
     """A kernel tool failed; carries its command and output."""
 
 
+# The longest a kernel tool may run before it is killed and its sync fails (then retried as any
+# failure is): a tool that hangs (a wedged netlink socket, a lock someone keeps) would otherwise
+# stop the run loop for good, unseen while no change waits. ~30x what 10k services take here.
+TOOL_TIMEOUT = 300.0
+
+
+def timed_out(argv: list[str], seconds: float) -> KernelError:
+    return KernelError(f"{argv[0]}: no answer in {seconds:g} s: killed (a tool that hangs, or a lock held that long)")
+
+
 def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run a kernel tool (`nft -f -`, `iptables-restore`, `nft list table`, ...) to completion,
     its output captured. KernelError when it cannot be started.
@@ -199,11 +209,14 @@ def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subproces
     CPU, from memory files ~0.02 s. The input is written a piece at a time: no second copy of it
     in this process. The output is read as UTF-8, a byte that is not becoming U+FFFD (a rule
     that then differs from ours is rewritten, never a crash); stdin is /dev/null without input.
+    A tool still running after TOOL_TIMEOUT seconds is killed: KernelError.
     """
+    timeout = TOOL_TIMEOUT
     try:
         with _memory_file() as out, _memory_file() as err:
             if stdin is None:
-                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, check=False)
+                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, check=False,
+                                      timeout=timeout)
             else:
                 with _memory_file() as fh:
                     if isinstance(stdin, str):
@@ -213,8 +226,10 @@ def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subproces
                         for i in range(0, len(stdin), _CHUNK_LINES):
                             fh.write(("\n".join(stdin[i:i + _CHUNK_LINES]) + "\n").encode())
                     fh.seek(0)
-                    proc = subprocess.run(argv, stdin=fh, stdout=out, stderr=err, check=False)
+                    proc = subprocess.run(argv, stdin=fh, stdout=out, stderr=err, check=False, timeout=timeout)
             return subprocess.CompletedProcess(argv, proc.returncode, _text(out), _text(err))
+    except subprocess.TimeoutExpired:
+        raise timed_out(argv, timeout) from None
     except OSError as exc:
         raise KernelError(f"{argv[0]}: {exc}") from None
 

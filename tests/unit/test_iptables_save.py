@@ -520,6 +520,50 @@ def test_read_save_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         kernel.read_save("iptables", "fake", read_our_tables)
 
 
+def test_a_kernel_tool_that_hangs_is_killed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tool that never ends (a wedged netlink socket, a lock kept) is killed after TOOL_TIMEOUT:
+    the sync fails and is retried, instead of the run loop waiting for ever."""
+    import time
+
+    from reconciler.backends import base
+    from reconciler.backends.base import KernelError, run_tool
+    from reconciler.backends.iptables import kernel
+    from reconciler.backends.iptables.observed import read_our_tables
+
+    monkeypatch.setattr(base, "TOOL_TIMEOUT", 0.3)
+    started = time.monotonic()
+    with pytest.raises(KernelError, match=r"sleep: no answer in 0.3 s: killed"):
+        run_tool(["sleep", "30"])
+    with pytest.raises(KernelError, match=r"no answer in 0.3 s"):
+        run_tool(["sh", "-c", "sleep 30"], ["*nat", "COMMIT"])  # (with input)
+    _fake_save(tmp_path, monkeypatch, 'printf "*nat\n"; exec sleep 30\n')
+    with pytest.raises(KernelError, match=r"iptables-fake-save: no answer in 0.3 s: killed"):
+        kernel.read_save("iptables", "fake", read_our_tables)
+    assert time.monotonic() - started < 5
+    assert run_tool(["true"]).returncode == 0  # (a tool that ends is not touched)
+
+
+def test_restore_errors_say_what_happened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.backends.base import KernelError
+    from reconciler.backends.iptables import kernel
+
+    def fake_restore(script: str) -> None:
+        tool = tmp_path / "iptables-fake-restore"
+        tool.write_text("#!/bin/sh\ncat >/dev/null\n" + script)
+        tool.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+
+    lines = ["*filter", "-A RECONCILER-X -j ACCEPT", "COMMIT", "*nat", "-A RECONCILER-Y -j ACCEPT", "COMMIT"]
+    fake_restore('echo "Another app is currently holding the xtables lock. Stopped waiting after 5s." >&2; exit 4\n')
+    with pytest.raises(KernelError) as exc:
+        kernel.restore("iptables", "fake", lines)
+    assert "nothing was committed (it did not get the xtables lock)" in str(exc.value)
+    assert "--- input ---" not in str(exc.value)  # (nothing of it was read)
+    fake_restore("kill -9 $$\n")
+    with pytest.raises(KernelError, match="failed: killed by signal 9"):
+        kernel.restore("iptables", "fake", lines)
+
+
 def test_the_rule_hot_path_parses_as_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
     """Lines as iptables-save writes them take _add_simple_rule; whatever it takes or declines,
     the result (or the error) is what the general tokenizer gives."""

@@ -15,9 +15,11 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from typing import Callable, Iterator, TypeVar
 
+from .. import base
 from ..base import KernelError, run_tool
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,7 @@ def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
 
     All tables, not `-t`: the nft flavour fetches every table whatever `-t` says (10k services:
     `-t nat` then `-t filter` 2.85 s, all at once 2 s), and the legacy one would load a table
-    it is asked for."""
+    it is asked for. A tool still running after TOOL_TIMEOUT seconds is killed: KernelError."""
     argv = [binary(cmd, flavour, "save")]
     with tempfile.TemporaryFile("w+") as err:
         try:
@@ -91,6 +93,16 @@ def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
         except OSError as exc:
             raise KernelError(f"{argv[0]}: {exc}") from None
         assert proc.stdout is not None
+        killed = threading.Event()
+
+        def kill() -> None:
+            killed.set()
+            proc.kill()
+
+        timeout = base.TOOL_TIMEOUT
+        watchdog = threading.Timer(timeout, kill)
+        watchdog.daemon = True
+        watchdog.start()
         with proc:
             try:
                 result: T | None = parse(proc.stdout)
@@ -99,8 +111,11 @@ def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
                 result, failure = None, exc
             for _ in proc.stdout:  # whatever parse left (it stops early on an error)
                 pass
+        watchdog.cancel()
         err.seek(0)
         stderr = err.read()
+    if killed.is_set():
+        raise base.timed_out(argv, timeout)
     if proc.returncode != 0:
         raise KernelError(f"{cmd}-{flavour}-save exited {proc.returncode}: {stderr.strip()}")
     if failure is not None:
@@ -123,9 +138,10 @@ def restore(cmd: str, flavour: str, lines: list[str]) -> float:
     proc = run_tool(argv, lines)
     elapsed = time.monotonic() - start
     if proc.returncode != 0:
-        raise KernelError(f"{' '.join(argv)} failed: {(proc.stderr or proc.stdout).strip()}\n"
-                          f"{_committed(cmd, lines, proc.stderr)}\n"
-                          f"--- input ---\n{_excerpt(lines, proc.stderr)}")
+        said = (proc.stderr or proc.stdout).strip() or (
+            f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}")
+        excerpt = "" if "xtables lock" in proc.stderr else f"\n--- input ---\n{_excerpt(lines, proc.stderr)}"
+        raise KernelError(f"{' '.join(argv)} failed: {said}\n{_committed(cmd, lines, proc.stderr)}{excerpt}")
     log.debug("%s-restore (%s): %d lines in %.4fs", cmd, flavour, len(lines), elapsed)
     return elapsed
 
@@ -139,6 +155,8 @@ def _failed_line(stderr: str) -> int | None:
 def _committed(cmd: str, lines: list[str], stderr: str) -> str:
     """What a failed restore had committed: the tables whose COMMIT line came before the line it
     failed at."""
+    if "xtables lock" in stderr:  # ("Another app is currently holding the xtables lock"): before any table
+        return f"{cmd}: nothing was committed (it did not get the xtables lock)"
     failed = _failed_line(stderr)
     if failed is None:
         return f"{cmd}: which of its tables were committed is not known (no line in the error)"
