@@ -201,6 +201,7 @@ class SyncReport:
     kernel_read: bool = False  # read to plan (the first sync; a resync the generation could not vouch for)
     services: tuple[str, ...] = ()  # the first few service ports its operations touched, for the log
     services_total: int = 0  # ... and how many in all
+    no_input: bool = False  # (no valid input yet: nothing done)
 
 
 class _PendingChanges:
@@ -688,7 +689,10 @@ class Daemon:
         if self.desired is None:  # never had valid input: leave the kernel alone
             self.health.updated()
             report = SyncReport(kind, ok=True)
-            log.info("sync %s: no valid input yet, kernel left as it is", kind, extra=_fields(sync=kind))
+            again = bool(self.syncs) and self.syncs[-1].ok and self.syncs[-1].no_input  # (said once)
+            report.no_input = True
+            log.log(logging.DEBUG if again else logging.INFO, "sync %s: no valid input yet, kernel left as it is",
+                    kind, extra=_fields(sync=kind))
             return self._remember(report)
         report = self._sync_kernel(full, start)
         if not report.ok and not full and not (self._stop is not None and self._stop.is_set()):

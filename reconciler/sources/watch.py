@@ -42,6 +42,7 @@ STEP_MS = 20  # quiet time before a change is handed on (watchfiles' step)
 DEBOUNCE_MS = 1600  # the most a continuous burst is held for (watchfiles' debounce)
 ROOT_CHECK_MS = 1000  # how often, with no events, the root's identity is checked
 POLL_DELAY_MS = 300  # when inotify cannot be used (its limits reached): how often the tree is scanned
+WATCH_RETRY_MAX = 30.0  # the longest wait before a watch that failed is tried again
 LOCK_WAIT_SECONDS = 10.0
 LOCK_POLL_SECONDS = 0.05
 
@@ -209,6 +210,7 @@ class DirectorySource:
         import watchfiles
 
         watched: Identity | None = None  # what the path named when the current watch began
+        failed, said = 0, ""  # watches in a row that failed; the last failure logged
         while not self._stop.is_set():
             now = _identity(self.root)
             if now is None or not os.path.isdir(self.root):
@@ -225,6 +227,7 @@ class DirectorySource:
                                                 rust_timeout=self._root_check, yield_on_timeout=True,
                                                 raise_interrupt=False, force_polling=self._force_polling,
                                                 poll_delay_ms=POLL_DELAY_MS):
+                    failed, said = 0, ""  # (it watches: at least every ROOT_CHECK_MS)
                     if anew:  # (what changed before this watch began is read too)
                         anew = False
                         self._mark_root_dirty()
@@ -252,8 +255,14 @@ class DirectorySource:
                                     self.root, exc, POLL_DELAY_MS)
                         self._force_polling = True
                         continue
-                    log.warning("watching %s failed: %s; retrying in 1s", self.root, exc)
-                    self._stop.wait(1.0)
+                    # retried 1 s, 2 s, ... 30 s later; said once while it fails the same way (a
+                    # folder without read permission: not two lines a second for as long as it lasts)
+                    delay = min(WATCH_RETRY_MAX, 2.0 ** failed)
+                    failed += 1
+                    level = logging.WARNING if str(exc) != said else logging.DEBUG
+                    said = str(exc)
+                    log.log(level, "watching %s failed: %s; retrying in %gs", self.root, exc, delay)
+                    self._stop.wait(delay)
                     continue
             if self._stop.is_set():
                 break

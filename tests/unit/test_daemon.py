@@ -1163,6 +1163,17 @@ def test_ready_once_a_sync_programmed_the_kernel(tmp_path: Path) -> None:
     assert list(backend.kernel) == ["default/a:http/TCP"] and d.health.ready_body()[0] == 200
 
 
+def test_no_valid_input_yet_is_said_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a.yaml").write_text("kind: [")
+    d, backend, clock = directory_daemon(tmp_path)
+    with caplog.at_level(logging.DEBUG, logger="reconciler.daemon"):
+        for _ in range(3):
+            d.sync("full")
+            clock.advance(SYNC)
+    said = [r.levelno for r in caplog.records if "no valid input yet" in r.getMessage()]
+    assert said == [logging.INFO, logging.DEBUG, logging.DEBUG] and backend.kernel == {}
+
+
 def test_a_directory_with_nothing_in_it_is_held_as_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture
                                                              ) -> None:
     """An emptied directory (a wrong --source, a folder cloned again before its checkout, an

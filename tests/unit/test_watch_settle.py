@@ -582,3 +582,35 @@ def test_a_link_to_a_folder_made_while_watched_is_news_at_once(tmp_path: Path) -
             snap = src.snapshot()
         assert snap.changed and any("a symbolic link to a directory: not followed" in str(w) for w in snap.warnings)
         assert not src.snapshot().changed  # said once
+
+
+def test_a_watch_that_keeps_failing_is_retried_ever_more_slowly_and_said_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A folder the process may not read (an edge unit without CAP_DAC_*): not two log lines a
+    second for as long as it lasts; tried again after 1 s, 2 s, ... up to 30 s."""
+    import logging
+
+    import watchfiles
+
+    from reconciler.sources.watch import DirectorySource
+
+    def failing(*_a: object, **_k: object) -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(watchfiles, "watch", failing)
+    src = DirectorySource(str(tmp_path), lambda: None)
+    waits: list[float | None] = []
+
+    def wait(timeout: float | None = None) -> bool:
+        waits.append(timeout)
+        if len(waits) >= 7:
+            src._stop.set()
+        return src._stop.is_set()
+
+    monkeypatch.setattr(src._stop, "wait", wait)
+    with caplog.at_level(logging.DEBUG, logger="reconciler.sources.watch"):
+        src._watch()
+    assert waits == [1, 2, 4, 8, 16, 30, 30]
+    said = [r for r in caplog.records if "failed: " in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING] + [logging.DEBUG] * 6
+    assert src.failures == 7
