@@ -173,7 +173,7 @@ def options_from(args: argparse.Namespace) -> Options:
     if getattr(args, "config", None):
         opts = merge(opts, load_kube_proxy_config(args.config, args.mode))
     node_name = getattr(args, "node_name", None)  # (a command that builds no desired state has no such flags)
-    if node_name is not None:  # (trimmed, lower-cased and not blank, as kube-proxy's GetHostname takes it)
+    if node_name:  # (trimmed, lower-cased and not blank, as kube-proxy's GetHostname takes it; "": not given)
         node_name = node_name.strip()
         if not node_name:
             raise ValueError("--node-name: blank; give this node's name, as its Node object has it")
@@ -245,7 +245,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "run" and threading.current_thread() is threading.main_thread():
         # (a reload, or ReloadPropagatedFrom=, while it starts: not death by SIGHUP's default
         # action; run installs its handlers as soon as it has a loop to wake)
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        hangup = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        try:
+            return _main(args)
+        finally:
+            signal.signal(signal.SIGHUP, hangup)
+    return _main(args)
+
+
+def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(message)s", stream=sys.stderr)
     quiet_library_loggers()

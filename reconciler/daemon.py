@@ -749,7 +749,6 @@ class Daemon:
             # objects, which the next diff recognises by identity), not a second, observed copy.
             # apply() lets the plan go before it reads the kernel back (a cold start's peak RSS).
             if operations:
-                self._own_partial = True  # (until it succeeds)
                 after = apply(self.backend, planned, verify=read, release=True)
                 if read:  # verified at verified_at: by the generation, or by reading it back
                     check.found_in_sync(planned.verified_at)
@@ -761,6 +760,8 @@ class Daemon:
                     check.found_in_sync(read_at)
                 clean_conntrack(planned)  # (apply() does it otherwise)
         except Exception as exc:  # noqa: BLE001 - kernel tools, rendering: never kill the loop
+            # (a transaction that may have committed part of itself: the next read finds that part)
+            self._own_partial = self._own_partial or getattr(exc, "partial", False)
             check.forget()
             return self._failed(kind, start, exc, quiet=not full, whole=read)
         seconds = self.clock.monotonic() - start

@@ -184,7 +184,11 @@ class Backend(Protocol):
 
 
 class KernelError(Exception):
-    """A kernel tool failed; carries its command and output."""
+    """A kernel tool failed; carries its command and output. `partial`: part of the transaction
+    may have been committed (an iptables restore commits table by table, and family by family;
+    an nft transaction never)."""
+
+    partial: bool = False
 
 
 # The longest a kernel tool may run before it is killed and its sync fails (then retried as any

@@ -210,7 +210,9 @@ def _reread_token_file(cfg: kubernetes.client.Configuration, path: str) -> None:
     only reloads expiring credentials (an exec plugin's; not with a tokenFile) and sets the token
     read at start again."""
     read_at: list[float | None] = [None]
-    token = [cfg.api_key.get("BearerToken")]
+    token = [(cfg.api_key.get("BearerToken") or "").strip() or None]
+    # (the client asks the hook only for a key it has: a file empty at start is read again too)
+    cfg.api_key.setdefault("BearerToken", "")
 
     def refresh(c: kubernetes.client.Configuration) -> None:
         now = time.monotonic()
@@ -225,8 +227,7 @@ def _reread_token_file(cfg: kubernetes.client.Configuration, path: str) -> None:
             else:
                 if text:
                     token[0] = f"Bearer {text}"
-        if token[0]:
-            c.api_key["BearerToken"] = token[0]
+        c.api_key["BearerToken"] = token[0] or ""
 
     cfg.refresh_api_key_hook = refresh
 
@@ -437,7 +438,8 @@ class KubernetesSource:
     def _delay(self, failures: int) -> float:
         """The wait after `failures` backoff steps: doubling from the initial delay up to the cap,
         then spread over [d, 2d) as client-go's reflector spreads it (jitter 1.0)."""
-        return min(self._backoff_max, self._backoff_initial * 2**failures) * random.uniform(1.0, 2.0)
+        doubled = self._backoff_initial * 2 ** min(failures, 30)  # (an outage of days: no overflow)
+        return min(self._backoff_max, doubled) * random.uniform(1.0, 2.0)
 
     def _error(self, inf: _Informer, exc: object, failures: int) -> int:
         with self._lock:

@@ -257,7 +257,7 @@ class DirectorySource:
                         continue
                     # retried 1 s, 2 s, ... 30 s later; said once while it fails the same way (a
                     # folder without read permission: not two lines a second for as long as it lasts)
-                    delay = min(WATCH_RETRY_MAX, 2.0 ** failed)
+                    delay = min(WATCH_RETRY_MAX, 2.0 ** min(failed, 10))
                     failed += 1
                     level = logging.WARNING if str(exc) != said else logging.DEBUG
                     said = str(exc)

@@ -281,6 +281,7 @@ def test_node_name_is_trimmed_and_lower_cased_and_never_blank(capsys: pytest.Cap
     assert spaced.out == plain.out and "no Node" not in spaced.err
     assert main(args + ["--node-name", "  "]) == 1
     assert "--node-name: blank" in capsys.readouterr().err
+    assert main(args + ["--node-name", ""]) == 0  # (an unset variable: not given, the hostname then)
 
 
 def _saved_plan(tmp_path: Path, mode: str, edit: Any = None) -> str:

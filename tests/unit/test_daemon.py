@@ -694,7 +694,9 @@ def test_what_our_own_failed_sync_committed_is_no_drift(caplog: pytest.LogCaptur
         calls.append(ops)
         if len(calls) == 1:
             real_apply(ops[:1])
-            raise KernelError("iptables-restore: line 9 failed; committed before it failed: table filter")
+            error = KernelError("iptables-restore: line 9 failed; committed before it failed: table filter")
+            error.partial = True  # (as the iptables backend marks it)
+            raise error
         return real_apply(ops)
 
     backend.apply = half_then_failing  # type: ignore[method-assign]
@@ -706,6 +708,30 @@ def test_what_our_own_failed_sync_committed_is_no_drift(caplog: pytest.LogCaptur
     assert report.drift == 0 and value(d, "reconciler_drift_repairs_total") == 0
     assert "repaired drift" not in caplog.text
     assert backend.kernel == backend.render(d.desired)
+
+
+def test_a_failed_transaction_that_committed_nothing_hides_no_drift(caplog: pytest.LogCaptureFixture) -> None:
+    """An nft transaction is all or nothing, and the usual reason one fails is that somebody else
+    removed our table: what the retry then repairs is drift, and said so."""
+    d, backend, source, clock = make()
+    d.step()
+    backend.tamper(lambda k: k.clear())
+    real_apply = backend.apply
+    calls: list[Any] = []
+
+    def failing_once(ops: list[Operation]) -> list[int] | None:
+        calls.append(ops)
+        if len(calls) == 1:
+            raise KernelError("nft: Error: No such file or directory; did you mean table 'reconciler'?")
+        return real_apply(ops)
+
+    backend.apply = failing_once  # type: ignore[method-assign]
+    source.objects = web(eps=("10.244.1.77",))
+    d.notify()
+    clock.advance(2)
+    report = d.step()
+    assert report is not None and report.ok and report.kernel_read and report.drift > 0
+    assert value(d, "reconciler_drift_repairs_total") == 1 and "repaired drift" in caplog.text
 
 
 def test_no_sync_before_the_source_is_synced() -> None:

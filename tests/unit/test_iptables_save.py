@@ -541,6 +541,15 @@ def test_a_kernel_tool_that_hangs_is_killed(tmp_path: Path, monkeypatch: pytest.
         kernel.read_save("iptables", "fake", read_our_tables)
     assert time.monotonic() - started < 5
     assert run_tool(["true"]).returncode == 0  # (a tool that ends is not touched)
+    # nor one that ended while its output is still being parsed, slower than the timeout
+    _fake_save(tmp_path, monkeypatch, 'printf "*nat\\nCOMMIT\\n"\n')
+
+    def slow_parse(lines: Any) -> Any:
+        tables = read_our_tables(lines)
+        time.sleep(0.5)
+        return tables
+
+    assert "nat" in kernel.read_save("iptables", "fake", slow_parse)
 
 
 def test_restore_errors_say_what_happened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -559,9 +568,15 @@ def test_restore_errors_say_what_happened(tmp_path: Path, monkeypatch: pytest.Mo
         kernel.restore("iptables", "fake", lines)
     assert "nothing was committed (it did not get the xtables lock)" in str(exc.value)
     assert "--- input ---" not in str(exc.value)  # (nothing of it was read)
+    assert not exc.value.partial  # (nothing of ours in the kernel: drift found next is somebody else's)
     fake_restore("kill -9 $$\n")
-    with pytest.raises(KernelError, match="failed: killed by signal 9"):
+    with pytest.raises(KernelError, match="failed: killed by signal 9") as exc:
         kernel.restore("iptables", "fake", lines)
+    assert exc.value.partial  # (which tables it committed is not known)
+    fake_restore('echo "iptables-restore: line 5 failed" >&2; exit 1\n')
+    with pytest.raises(KernelError, match="committed before it failed: table filter") as exc:
+        kernel.restore("iptables", "fake", lines)
+    assert exc.value.partial
 
 
 def test_the_rule_hot_path_parses_as_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -657,7 +657,7 @@ def test_a_kubeconfig_token_file_is_read_again(server: FakeAPIServer, tmp_path: 
     populate(server)
     (tmp_path / "secrets").mkdir()
     token = tmp_path / "secrets" / "token"
-    token.write_text("token-v1\n")
+    token.write_text("")  # (not written yet when the client is made: read again all the same)
     cfg = tmp_path / "kubeconfig"
     cfg.write_text(
         f"""apiVersion: v1
@@ -670,12 +670,15 @@ current-context: fake
     )
     monkeypatch.setattr(kubernetes_source, "TOKEN_FILE_PERIOD", 0.0)
     api = load_api_client(str(cfg))
+    token.write_text("token-v1\n")
     src = KubernetesSource(api, NODE, backoff_initial=0.01, backoff_max=0.05)
     try:
         src.start()
         assert src.wait_synced(3)
         assert set(server.authorizations) == {"Bearer token-v1"}
         token.write_text("token-v2\n")
+        server.close_watches()
+        assert wait_until(lambda: server.authorizations[-1] == "Bearer token-v2")  # (none signed before, after)
         seen = len(server.authorizations)
         server.close_watches()  # (new requests)
         assert wait_until(lambda: len(server.authorizations) > seen + 2)

@@ -106,7 +106,9 @@ class IptablesBackend:
                 except KernelError as exc:
                     if self.last_restore_seconds:  # (each family's restore commits on its own)
                         done = " and ".join(self.last_restore_seconds)
-                        raise KernelError(f"{exc}\n(before it, the {done} restore was applied in full)") from None
+                        error = KernelError(f"{exc}\n(before it, the {done} restore was applied in full)")
+                        error.partial = True
+                        raise error from None
                     raise
                 if self.flavour == "nft":
                     ours = commits_between(before, generation() if before is not None else None, expected)

@@ -96,8 +96,9 @@ def read_save(cmd: str, flavour: str, parse: Callable[[Iterator[str]], T]) -> T:
         killed = threading.Event()
 
         def kill() -> None:
-            killed.set()
-            proc.kill()
+            if proc.poll() is None:  # (not a tool that has ended while we still parse its output)
+                killed.set()
+                proc.kill()
 
         timeout = base.TOOL_TIMEOUT
         watchdog = threading.Timer(timeout, kill)
@@ -141,7 +142,10 @@ def restore(cmd: str, flavour: str, lines: list[str]) -> float:
         said = (proc.stderr or proc.stdout).strip() or (
             f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}")
         excerpt = "" if "xtables lock" in proc.stderr else f"\n--- input ---\n{_excerpt(lines, proc.stderr)}"
-        raise KernelError(f"{' '.join(argv)} failed: {said}\n{_committed(cmd, lines, proc.stderr)}{excerpt}")
+        committed = _committed(cmd, lines, proc.stderr)
+        error = KernelError(f"{' '.join(argv)} failed: {said}\n{committed}{excerpt}")
+        error.partial = "nothing was committed" not in committed
+        raise error
     log.debug("%s-restore (%s): %d lines in %.4fs", cmd, flavour, len(lines), elapsed)
     return elapsed
 
