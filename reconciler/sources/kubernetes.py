@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import random
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.keepalive import tcp_keepalive_socket_options
 
 from ..desired import SERVICE_NAME_LABEL
-from ..metrics import trigger_time
+from ..metrics import TRIGGER_TIME_ANNOTATION, trigger_time
 from .objects import KINDS, Location, SourceObject
 
 log = logging.getLogger(__name__)
@@ -511,14 +512,17 @@ class KubernetesSource:
                 params = {}
                 items = {}
                 continue
+            def take(obj: Any) -> None:
+                if isinstance(obj, dict):
+                    body = self._normalize(inf, obj)
+                    items[_key(body)] = body
+
             try:
-                data = json.loads(resp.data)
+                raw = resp.data
             finally:
                 resp.release_conn()
-            for obj in data.get("items") or []:
-                body = self._normalize(inf, obj)
-                items[_key(body)] = body
-            meta = data.get("metadata") or {}
+            meta = _list_body(raw, take)
+            del raw
             if not meta.get("continue"):
                 break
             if version == "0" and "_continue" not in params:
@@ -641,8 +645,12 @@ class KubernetesSource:
         """List items lack apiVersion/kind; add them like `kubectl get -o json` does. Of a Node
         only what the proxy reads is kept (its name, labels and addresses; its deletion and
         taints for /healthz's node eligibility): its status changes every few seconds, and
-        kube-proxy too syncs on a Node's labels changing only."""
-        if inf.kind == "Node":
+        kube-proxy too syncs on a Node's labels changing only. Of Services and EndpointSlices
+        what no proxy reads goes too (see _stripped): at 10k Services, managedFields alone
+        were half the cache."""
+        if inf.kind in _KEPT:
+            obj = _stripped(obj, _KEPT[inf.kind])
+        elif inf.kind == "Node":
             meta = obj.get("metadata") or {}
             kept = {"name": meta.get("name"), "labels": meta.get("labels") or {}}
             if meta.get("deletionTimestamp"):
@@ -650,6 +658,76 @@ class KubernetesSource:
             obj = {"metadata": kept, "spec": {"taints": (obj.get("spec") or {}).get("taints") or []},
                    "status": {"addresses": (obj.get("status") or {}).get("addresses") or []}}
         return {"apiVersion": inf.api_version, "kind": inf.kind, **obj}
+
+
+# What the proxy reads of each kind (its desired state, its change metrics), as trees of the
+# fields kept: None keeps a field whole; a dict keeps those of its fields (of each item of a list).
+_METADATA = {"name": None, "namespace": None, "labels": None,
+             "annotations": {TRIGGER_TIME_ANNOTATION: None}}  # (network programming latency)
+_KEPT: dict[str, dict[str, Any]] = {
+    "Service": {"metadata": _METADATA, "spec": None, "status": {"loadBalancer": None}},
+    "EndpointSlice": {"metadata": _METADATA, "addressType": None, "ports": None,
+                      "endpoints": {"addresses": None, "conditions": None, "nodeName": None, "zone": None,
+                                    "hints": None}},
+}
+
+
+def _stripped(value: Any, kept: dict[str, Any]) -> Any:
+    """value with only the fields of `kept` (managedFields, the last-applied annotation, status
+    conditions, an endpoint's targetRef go); a value of another shape stays as it is, for the
+    build to report."""
+    if isinstance(value, list):
+        return [_stripped(item, kept) for item in value]
+    if not isinstance(value, dict):
+        return value
+    return {k: (v if kept[k] is None else _stripped(v, kept[k])) for k, v in value.items() if k in kept}
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _list_body(raw: bytes, take: Callable[[Any], None]) -> dict[str, Any]:
+    """A list response: each of its items given to `take` as soon as it is parsed, one at a time
+    (a 10k-Service cluster's EndpointSlice list answered from the watch cache is one ~60 MB
+    body: parsed whole, its tree peaked at ~300 MiB before anything was stripped); returns its
+    metadata. ValueError when it is no JSON object."""
+    text = raw.decode("utf-8")
+    decode = json.JSONDecoder().raw_decode
+    meta: dict[str, Any] = {}
+
+    def skip(i: int) -> int:
+        return _WHITESPACE.match(text, i).end()  # type: ignore[union-attr]
+
+    def expect(i: int, char: str) -> int:
+        if text[i:i + 1] != char:
+            raise ValueError(f"expected {char!r} at character {i} of the list")
+        return skip(i + 1)
+
+    i = expect(skip(0), "{")
+    while text[i:i + 1] != "}":
+        key, i = decode(text, i)
+        i = expect(skip(i), ":")
+        if key == "items" and text[i:i + 1] == "[":
+            i = skip(i + 1)
+            while text[i:i + 1] != "]":
+                item, i = decode(text, i)
+                take(item)
+                i = skip(i)
+                if text[i:i + 1] == ",":
+                    i = skip(i + 1)
+                elif text[i:i + 1] != "]":
+                    raise ValueError(f"expected ',' or ']' at character {i} of the list")
+            i += 1
+        else:
+            value, i = decode(text, i)
+            if key == "metadata" and isinstance(value, dict):
+                meta = value
+        i = skip(i)
+        if text[i:i + 1] == ",":
+            i = skip(i + 1)
+        elif text[i:i + 1] != "}":
+            raise ValueError(f"expected ',' or '}}' at character {i} of the list")
+    return meta
 
 
 def _deleted_node(body: dict[str, Any]) -> dict[str, Any]:
