@@ -167,6 +167,11 @@ class KubeSource:
     def take_changes(self) -> tuple[dict[tuple[str, str], list[str]], set[tuple[str, str]]]:
         return self.source.take_changes()
 
+    def release_bodies(self, keep: Container[int] = (), built: Container[int] = ()) -> None:
+        """See KubernetesSource.release_bodies: `built`, the ids the build cache holds (an object
+        refused by the build is not there: it is read again when it changes)."""
+        self.source.release_bodies(built)
+
     @property
     def failures(self) -> int:
         """API errors so far (list/watch failures, each retried by the informer)."""
@@ -454,7 +459,7 @@ class Daemon:
         self.desired = desired
         release = getattr(self.source, "release_bodies", None)
         if release is not None:  # the build cache has all it needs from them, but those held back
-            release(keep=self._pending.added)  # (see _build_pending)
+            release(keep=self._pending.added, built=cache.objects)  # (see _build_pending)
 
     def _log_eligibility(self) -> None:
         """Said when this node's Node turns ineligible for load balancer traffic (/healthz 503:

@@ -17,6 +17,7 @@ which reconnected together drift apart. All HTTP goes through the official clien
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Container, Iterator
 
 import kubernetes.client
 import kubernetes.config
@@ -87,7 +88,7 @@ class ChangeLog:
     def record(self, kind: str, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
         """One event of `kind` for `key` (old/new: the cached bodies before and after; equal
         when the event changed nothing)."""
-        changed = old is not new and old != new
+        changed = not _same(old, new)
         if kind == "Service":
             self.services += 1
             if changed:
@@ -272,6 +273,7 @@ class KubernetesSource:
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
         self._memo: dict[tuple[str, str, str], SourceObject] = {}  # snapshot objects, reused while unchanged
+        self._unreleased: list[SourceObject] = []  # snapshot objects made since the last release_bodies()
         self._notify_lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = threading.Event()
@@ -342,10 +344,36 @@ class KubernetesSource:
             obj = self._memo.get((kind, ns, name))
             if obj is None or obj.body is not body:
                 obj = SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
+                if kind != "Node":
+                    self._unreleased.append(obj)
             memo[(kind, ns, name)] = obj
             out.append(obj)
         self._memo = memo
         return out
+
+    def release_bodies(self, built: Container[int]) -> None:
+        """The caller has built the snapshot objects whose id() is in `built` (its build cache
+        keeps what it parsed, by object identity): their bodies are cut down to what the change
+        log reads (name, labels, the trigger-time annotation) and a fingerprint of the whole,
+        which tells an unchanged body from the server at a relist. In the informer cache too,
+        unless a newer body has replaced it meanwhile. The others (not built yet, or refused) stay
+        whole. O(objects made since the last call); Node bodies stay (the run loop reads them)."""
+        pending, self._unreleased = self._unreleased, []
+        for obj in pending:
+            if id(obj) not in built:
+                if self._memo.get(obj.key) is obj:  # (still current: built later, or never)
+                    self._unreleased.append(obj)
+                continue
+            whole = obj.body
+            if _FINGERPRINT in whole:
+                continue
+            reduced = _released(whole)
+            inf = self._informer(obj.kind)
+            with self._lock:
+                key = (obj.namespace, obj.name)
+                if inf.cache.get(key) is whole:
+                    inf.cache[key] = reduced
+            object.__setattr__(obj, "body", reduced)
 
     def changes(self) -> tuple[int, int, int, int]:
         """(Service events, EndpointSlice events, pending Services, pending EndpointSlice
@@ -601,7 +629,7 @@ class KubernetesSource:
                 changed = inf.cache.pop(key, None) is not None
                 self._changes.record(inf.kind, key, old, None)
             else:
-                changed = old != body
+                changed = not _same(old, body)
                 if changed:  # (an equal body keeps the old one: the same SourceObject, nothing to rebuild)
                     inf.cache[key] = body
                 self._changes.record(inf.kind, key, old, body)
@@ -615,7 +643,7 @@ class KubernetesSource:
             if inf.synced:
                 self._counters["relists"] += 1
             # keep the old body object where nothing changed, so snapshots stay identical
-            items = {k: (inf.cache[k] if inf.cache.get(k) == v else v) for k, v in items.items()}
+            items = {k: (inf.cache[k] if _same(inf.cache.get(k), v) else v) for k, v in items.items()}
             if inf.kind == "Node":  # (a Node deleted meanwhile: see _deleted_node)
                 items.update({k: _deleted_node(v) for k, v in inf.cache.items() if k not in items})
             changed = inf.cache != items
@@ -670,6 +698,33 @@ _KEPT: dict[str, dict[str, Any]] = {
                       "endpoints": {"addresses": None, "conditions": None, "nodeName": None, "zone": None,
                                     "hints": None}},
 }
+
+
+_FINGERPRINT = "fingerprint"  # (a released body's: see release_bodies)
+
+
+def _fingerprint(body: Any) -> bytes:
+    return hashlib.blake2b(json.dumps(body, separators=(",", ":")).encode(), digest_size=16).digest()
+
+
+def _released(body: dict[str, Any]) -> dict[str, Any]:
+    """What a built body keeps: its kind, name, labels and trigger-time annotation (the change
+    log's), and the fingerprint of the whole."""
+    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
+            "metadata": body.get("metadata") or {}, _FINGERPRINT: _fingerprint(body)}
+
+
+def _same(old: Any, new: Any) -> bool:
+    """Whether a cached body and one from the server are the same object state (a released
+    body by its fingerprint; the server's bodies are never released ones)."""
+    if old is new:
+        return True
+    if old is None or new is None:
+        return False
+    fingerprint = old.get(_FINGERPRINT) if isinstance(old, dict) else None
+    if fingerprint is not None and not (isinstance(new, dict) and _FINGERPRINT in new):
+        return bool(fingerprint == _fingerprint(new))
+    return bool(old == new)
 
 
 def _stripped(value: Any, kept: dict[str, Any]) -> Any:

@@ -187,7 +187,7 @@ class DirectorySource:
                         return dict(o.body)
         return None
 
-    def release_bodies(self, keep: Container[int] = ()) -> None:
+    def release_bodies(self, keep: Container[int] = (), built: Container[int] = ()) -> None:
         """The caller has built every object of the last snapshot (desired.BuildCache keeps what
         it parsed, keyed by object identity): drop the bodies of the Services and EndpointSlices
         read since the last call, but those whose id() is in `keep` (not built yet). O(objects

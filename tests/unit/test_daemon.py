@@ -475,6 +475,57 @@ def test_api_requests_are_exported_as_client_go_does() -> None:
     assert got == {"200": 5, "<error>": 1, "503": 2}
 
 
+def test_api_bodies_are_let_go_once_built(tmp_path: Path) -> None:
+    """As a directory's: once built, a Service's or EndpointSlice's body is cut down to its name,
+    labels and a fingerprint (10k Services: the bodies were ~1/3 of the process). An object the
+    build refused keeps its body (read again when it changes); a relist of the same state changes
+    nothing; a real change is built from the new body."""
+    from reconciler.daemon import KubeSource
+
+    with FakeAPIServer(bookmark_interval=None) as api:
+        api.create(api_service("web", cluster_ip="10.96.0.10"))
+        api.create(api_slice("web-1", "web", ["10.244.1.5"]))
+        api.create(api_service("bad", cluster_ip="10.96.0.300"))
+        api.create(api_node("node-a"))
+        cfg = tmp_path / "kubeconfig"
+        cfg.write_text(f"apiVersion: v1\nkind: Config\nclusters: [{{name: f, cluster: {{server: '{api.url}'}}}}]\n"
+                       "users: [{name: u, user: {token: t}}]\ncontexts: [{name: f, context: {cluster: f, user: u}}]\n"
+                       "current-context: f\n")
+        clock, backend = FakeClock(), FakeBackend()
+        d = Daemon(Options(node_name="node-a", sync_period=SYNC, min_sync_period=MIN_SYNC), backend, None, clock=clock)
+        source = KubeSource(str(cfg), "node-a", d.notify)
+        d.source = source
+        source.start()
+        try:
+            assert wait_until(source.ready, timeout=5)
+            assert d.step().ok  # type: ignore[union-attr]
+            assert list(backend.kernel) == ["default/web:http/TCP"]
+            informers = {inf.kind: inf.cache for inf in source.source._informers}
+            web_svc, web_slice = informers["Service"][("default", "web")], informers["EndpointSlice"][("default", "web-1")]
+            assert "fingerprint" in web_svc and "spec" not in web_svc and "endpoints" not in web_slice
+            assert web_slice["metadata"]["labels"] == {"kubernetes.io/service-name": "web"}
+            assert "spec" in informers["Service"][("default", "bad")]  # (refused: kept whole)
+            assert "status" in informers["Node"][("", "node-a")]
+            before = {o.key: o for o in source.snapshot().objects}
+            api.expire_watches = True
+            api.close_watches()  # (every watch 410: a relist of the same state)
+            assert wait_until(lambda: source.source.counters["relists"] >= 3, timeout=5)
+            api.expire_watches = False
+            after = {o.key: o for o in source.snapshot().objects}
+            assert all(after[k] is before[k] for k in before), "a relist of the same state made new objects"
+            api.update(api_slice("web-1", "web", ["10.244.1.6"]))
+            api.update(api_service("bad", cluster_ip="10.96.0.30"))
+            bodies = lambda: str([o.body for o in source.snapshot().objects])  # noqa: E731
+            assert wait_until(lambda: "10.96.0.30" in bodies() and "10.244.1.6" in bodies(), timeout=15)
+            clock.advance(SYNC)
+            report = d.step()
+            assert report is not None and report.ok
+            assert sorted(backend.kernel) == ["default/bad:http/TCP", "default/web:http/TCP"]
+            assert "10.244.1.6" in str(d.desired.services)  # type: ignore[union-attr]
+        finally:
+            source.stop()
+
+
 def test_an_api_out_of_reach_reports_degraded_until_it_answers_again() -> None:
     """While the source cannot be read (an informer's requests fail: the API server out of reach,
     or refusing us), /healthz says `degraded` with the reason, and reconciler_input_degraded is 1,
