@@ -129,6 +129,7 @@ class _Informer:
     label_selector: str | None = None
     field_selector: str | None = None
     cache: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    order: list[Key] | None = None  # the cache's keys, sorted (None: to sort again, after an add or delete)
     resource_version: str = ""
     synced: bool = False
     # the server no longer has (or has not reached) resource_version: the next list is a
@@ -265,6 +266,7 @@ class KubernetesSource:
             ),
             _Informer("Node", "v1", core.list_node, field_selector=f"metadata.name={node_name}"),
         ]
+        assert tuple(inf.kind for inf in self._informers) == KINDS  # (snapshot()'s order)
         self._on_change = on_change
         self._backoff_initial = min(backoff_initial, backoff_max)
         self._backoff_max = backoff_max
@@ -336,9 +338,13 @@ class KubernetesSource:
         mutate one, so callers must treat them as read-only. An unchanged object comes back as the
         very same SourceObject, which lets the run loop's caches skip it (O(changes) per sync).
         """
-        with self._lock:
-            items = [(inf.kind, key, body) for inf in self._informers for key, body in inf.cache.items()]
-        items.sort(key=lambda t: (KINDS.index(t[0]), t[1]))
+        with self._lock:  # (the informers are in KINDS' order; an endpoint change keeps each one's order)
+            items = []
+            for inf in self._informers:
+                if inf.order is None:
+                    inf.order = sorted(inf.cache)
+                cache = inf.cache
+                items += [(inf.kind, key, cache[key]) for key in inf.order]
         out, memo = [], {}
         for kind, (ns, name), body in items:
             obj = self._memo.get((kind, ns, name))
@@ -627,10 +633,14 @@ class KubernetesSource:
                 changed = inf.cache[key] != old
             elif etype == "DELETED":
                 changed = inf.cache.pop(key, None) is not None
+                if changed:
+                    inf.order = None
                 self._changes.record(inf.kind, key, old, None)
             else:
                 changed = not _same(old, body)
                 if changed:  # (an equal body keeps the old one: the same SourceObject, nothing to rebuild)
+                    if old is None:
+                        inf.order = None
                     inf.cache[key] = body
                 self._changes.record(inf.kind, key, old, body)
             notify = changed and self._synced.is_set()
@@ -649,6 +659,8 @@ class KubernetesSource:
             changed = inf.cache != items
             for k in inf.cache.keys() | items.keys():  # each object listed, or gone, is an event (client-go's
                 self._changes.record(inf.kind, k, inf.cache.get(k), items.get(k))  # Replace updates them all)
+            if inf.cache.keys() != items.keys():
+                inf.order = None
             inf.cache = items
             inf.resource_version = rv
             inf.synced = True

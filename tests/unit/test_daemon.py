@@ -514,9 +514,9 @@ def test_api_bodies_are_let_go_once_built(tmp_path: Path) -> None:
             after = {o.key: o for o in source.snapshot().objects}
             assert all(after[k] is before[k] for k in before), "a relist of the same state made new objects"
             api.update(api_slice("web-1", "web", ["10.244.1.6"]))
-            api.update(api_service("bad", cluster_ip="10.96.0.30"))
+            api.update(api_service("bad", cluster_ip="10.96.0.31"))
             bodies = lambda: str([o.body for o in source.snapshot().objects])  # noqa: E731
-            assert wait_until(lambda: "10.96.0.30" in bodies() and "10.244.1.6" in bodies(), timeout=15)
+            assert wait_until(lambda: "'10.96.0.31'" in bodies() and "10.244.1.6" in bodies(), timeout=15)
             clock.advance(SYNC)
             report = d.step()
             assert report is not None and report.ok

@@ -235,6 +235,26 @@ def test_a_version_the_server_lost_is_followed_by_a_consistent_list() -> None:
             src.stop()
 
 
+def test_snapshots_stay_ordered_by_kind_namespace_name(server: FakeAPIServer, make_source: Any) -> None:
+    """(The order is kept between snapshots, and sorted again only when an object comes or goes.)"""
+    populate(server)
+    src = make_source(server)
+    assert src.wait_synced(3)
+
+    def in_order() -> bool:
+        keys = [(("Service", "EndpointSlice", "Node").index(o.kind), o.namespace, o.name) for o in src.snapshot()]
+        return keys == sorted(keys)
+
+    assert in_order()
+    server.create(service("0-first", namespace="aaa"))
+    server.delete("Service", "default", "b")
+    server.update(endpoint_slice("a-x1", "a", ["10.0.0.9"]))
+    server.create(endpoint_slice("zz", "a", ["10.0.0.8"], namespace="zzz"))
+    assert wait_until(lambda: "zz" in names(src, "EndpointSlice") and "0-first" in names(src, "Service"))
+    assert wait_until(lambda: "b" not in names(src, "Service"))
+    assert in_order()
+
+
 def test_only_what_a_proxy_reads_is_kept(server: FakeAPIServer, make_source: Any) -> None:
     """managedFields, the last-applied annotation, status conditions, an endpoint's targetRef: at
     10k Services the informer cache was ~2x the rest of the process. What is kept is what the
