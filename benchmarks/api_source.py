@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -238,6 +239,7 @@ def measure(a: argparse.Namespace) -> dict[str, Any]:
                     proc.kill()
                     proc.wait(10)
         subprocess.run(["ip", "netns", "del", ns], timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def main() -> None:

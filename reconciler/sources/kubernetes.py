@@ -130,6 +130,7 @@ class _Informer:
     field_selector: str | None = None
     cache: dict[Key, dict[str, Any]] = field(default_factory=dict)
     order: list[Key] | None = None  # the cache's keys, sorted (None: to sort again, after an add or delete)
+    touched: set[Key] = field(default_factory=set)  # keys whose body changed since the last snapshot
     resource_version: str = ""
     synced: bool = False
     # the server no longer has (or has not reached) resource_version: the next list is a
@@ -276,6 +277,8 @@ class KubernetesSource:
         self._lock = threading.Lock()
         self._memo: dict[tuple[str, str, str], SourceObject] = {}  # snapshot objects, reused while unchanged
         self._unreleased: list[SourceObject] = []  # snapshot objects made since the last release_bodies()
+        self._last: list[SourceObject] | None = None  # the last snapshot ...
+        self._index: dict[tuple[str, str, str], int] = {}  # ... and where each object is in it
         self._notify_lock = threading.Lock()
         self._stop = threading.Event()
         self._synced = threading.Event()
@@ -339,12 +342,29 @@ class KubernetesSource:
         very same SourceObject, which lets the run loop's caches skip it (O(changes) per sync).
         """
         with self._lock:  # (the informers are in KINDS' order; an endpoint change keeps each one's order)
+            whole = self._last is None or any(inf.order is None for inf in self._informers)
             items = []
             for inf in self._informers:
-                if inf.order is None:
-                    inf.order = sorted(inf.cache)
-                cache = inf.cache
-                items += [(inf.kind, key, cache[key]) for key in inf.order]
+                if whole:
+                    if inf.order is None:
+                        inf.order = sorted(inf.cache)
+                    cache = inf.cache
+                    items += [(inf.kind, key, cache[key]) for key in inf.order]
+                else:  # (the same objects as last time: only those changed are looked at, O(changes))
+                    items += [(inf.kind, key, inf.cache[key]) for key in inf.touched]
+                inf.touched = set()
+        if not whole:
+            assert self._last is not None
+            out = list(self._last)
+            for kind, (ns, name), body in items:
+                at = self._index[(kind, ns, name)]
+                if out[at].body is not body:
+                    out[at] = obj = SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
+                    self._memo[(kind, ns, name)] = obj
+                    if kind != "Node":
+                        self._unreleased.append(obj)
+            self._last = out
+            return list(out)
         out, memo = [], {}
         for kind, (ns, name), body in items:
             obj = self._memo.get((kind, ns, name))
@@ -355,7 +375,8 @@ class KubernetesSource:
             memo[(kind, ns, name)] = obj
             out.append(obj)
         self._memo = memo
-        return out
+        self._last, self._index = out, {key: i for i, key in enumerate(memo)}
+        return list(out)
 
     def release_bodies(self, built: Container[int]) -> None:
         """The caller has built the snapshot objects whose id() is in `built` (its build cache
@@ -631,6 +652,7 @@ class KubernetesSource:
             if etype == "DELETED" and inf.kind == "Node" and old is not None:
                 inf.cache[key] = _deleted_node(old)
                 changed = inf.cache[key] != old
+                inf.touched.add(key)
             elif etype == "DELETED":
                 changed = inf.cache.pop(key, None) is not None
                 if changed:
@@ -642,6 +664,7 @@ class KubernetesSource:
                     if old is None:
                         inf.order = None
                     inf.cache[key] = body
+                    inf.touched.add(key)
                 self._changes.record(inf.kind, key, old, body)
             notify = changed and self._synced.is_set()
         if notify:
@@ -661,6 +684,8 @@ class KubernetesSource:
                 self._changes.record(inf.kind, k, inf.cache.get(k), items.get(k))  # Replace updates them all)
             if inf.cache.keys() != items.keys():
                 inf.order = None
+            else:
+                inf.touched.update(k for k, v in items.items() if inf.cache[k] is not v)
             inf.cache = items
             inf.resource_version = rv
             inf.synced = True

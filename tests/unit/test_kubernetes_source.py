@@ -253,6 +253,24 @@ def test_snapshots_stay_ordered_by_kind_namespace_name(server: FakeAPIServer, ma
     assert wait_until(lambda: "zz" in names(src, "EndpointSlice") and "0-first" in names(src, "Service"))
     assert wait_until(lambda: "b" not in names(src, "Service"))
     assert in_order()
+    # a change of one object (no object come or gone): that one is new, the others the same
+    # objects in the same places (the snapshot looks at the changed ones only)
+    before = src.snapshot()
+    server.update(endpoint_slice("a-x1", "a", ["10.0.0.7"]))
+    assert wait_until(lambda: "10.0.0.7" in str(body(src, "EndpointSlice", "a-x1")))
+    after = src.snapshot()
+    assert [o.key for o in after] == [o.key for o in before]
+    assert [o is p for o, p in zip(after, before)] == [o.name != "a-x1" for o in before]
+    # the same through a relist (every watch 410), a Service changed meanwhile
+    server.expire_watches = True
+    server.close_watches()
+    server.update(service("c", port=8080))
+    assert wait_until(lambda: src.counters["relists"] >= 3, timeout=10)
+    server.expire_watches = False
+    assert wait_until(lambda: body(src, "Service", "c")["spec"]["ports"][0]["port"] == 8080)  # type: ignore[index]
+    again = src.snapshot()
+    assert [o.key for o in again] == [o.key for o in after] and in_order()
+    assert [o is p for o, p in zip(again, after)] == [o.name != "c" for o in after]
 
 
 def test_only_what_a_proxy_reads_is_kept(server: FakeAPIServer, make_source: Any) -> None:
