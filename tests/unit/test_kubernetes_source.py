@@ -155,34 +155,29 @@ def test_the_first_list_is_answered_from_the_watch_cache(server: FakeAPIServer, 
     assert src.resource_version("Service") == str(server.resource_version)
 
 
-def test_pagination_uses_limit_and_continue() -> None:
+def test_pagination_uses_limit_and_continue(make_source: Any) -> None:
     """Without a watch cache the server pages even a list at "0": the pages follow, each without a
     resourceVersion (the API server refuses one beside a continue token), and relists at a version
     are paged too."""
     with FakeAPIServer(bookmark_interval=None, watch_cache=False) as srv:
         for i in range(7):
             srv.create(service(f"svc-{i}"))
-        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=srv.url))
-        src = KubernetesSource(api, NODE, page_size=3, backoff_initial=0.01, backoff_max=0.05)
-        src.start()
-        try:
-            assert src.wait_synced(3)
-            assert names(src, "Service") == {f"svc-{i}" for i in range(7)}
-            reqs = srv.list_requests("Service")
-            assert [(r.get("resourceVersion"), r.get("limit"), bool(r.get("continue"))) for r in reqs] == [
-                ("0", "3", False), (None, "3", True), (None, "3", True)]
-            seen = src.resource_version("Service")
-            srv.create(service("svc-7"))
-            srv.compact()
-            srv.close_watches()  # (no bookmarks: the watch from `seen` is 410, then a relist at it)
-            assert wait_until(lambda: "svc-7" in names(src, "Service"))
-            relist = srv.list_requests("Service")[3]
-            assert (relist.get("resourceVersion"), relist.get("limit")) == (seen, "3")
-        finally:
-            src.stop()
+        src = make_source(srv, page_size=3, backoff_initial=0.01, backoff_max=0.05)
+        assert src.wait_synced(3)
+        assert names(src, "Service") == {f"svc-{i}" for i in range(7)}
+        reqs = srv.list_requests("Service")
+        assert [(r.get("resourceVersion"), r.get("limit"), bool(r.get("continue"))) for r in reqs] == [
+            ("0", "3", False), (None, "3", True), (None, "3", True)]
+        seen = src.resource_version("Service")
+        srv.create(service("svc-7"))
+        srv.compact()
+        srv.close_watches()  # (no bookmarks: the watch from `seen` is 410, then a relist at it)
+        assert wait_until(lambda: "svc-7" in names(src, "Service"))
+        relist = srv.list_requests("Service")[3]
+        assert (relist.get("resourceVersion"), relist.get("limit")) == (seen, "3")
 
 
-def test_expired_continue_token_ends_in_one_whole_list() -> None:
+def test_expired_continue_token_ends_in_one_whole_list(make_source: Any) -> None:
     with FakeAPIServer(watch_cache=False) as server:
         for i in range(5):
             server.create(service(f"svc-{i}"))
@@ -195,44 +190,34 @@ def test_expired_continue_token_ends_in_one_whole_list() -> None:
                 server.compact()  # the continue token handed out with this page is now too old
 
         server.on_list_page = compact_after_first_page
-        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=server.url))
-        src = KubernetesSource(api, NODE, page_size=2, backoff_initial=0.01, backoff_max=0.05)
-        src.start()
-        try:
-            assert src.wait_synced(3)
-            assert names(src, "Service") == {"svc-1", "svc-2", "svc-3", "svc-4"}
-            pages = [(bool(q.get("continue")), q.get("limit")) for q in server.list_requests("Service")]
-            # page 1, 410 Expired, then one list without pages (paging again could expire again)
-            assert pages == [(False, "2"), (True, "2"), (False, None)]
-            assert src.counters["errors"] == 0  # restarting the list needs no backoff
-            assert src.requests.get("410") == 1  # every request counted by its status (rest_client_requests_total)
-            assert src.host == server.url.split("://", 1)[1]
-        finally:
-            src.stop()
+        src = make_source(server, page_size=2, backoff_initial=0.01, backoff_max=0.05)
+        assert src.wait_synced(3)
+        assert names(src, "Service") == {"svc-1", "svc-2", "svc-3", "svc-4"}
+        pages = [(bool(q.get("continue")), q.get("limit")) for q in server.list_requests("Service")]
+        # page 1, 410 Expired, then one list without pages (paging again could expire again)
+        assert pages == [(False, "2"), (True, "2"), (False, None)]
+        assert src.counters["errors"] == 0  # restarting the list needs no backoff
+        assert src.requests.get("410") == 1  # every request counted by its status (rest_client_requests_total)
+        assert src.host == server.url.split("://", 1)[1]
 
 
-def test_a_version_the_server_lost_is_followed_by_a_consistent_list() -> None:
+def test_a_version_the_server_lost_is_followed_by_a_consistent_list(make_source: Any) -> None:
     """A paged relist at the last version seen that the server has compacted away (410), as
     client-go's reflector: the list is made again without a version, at once."""
     with FakeAPIServer(bookmark_interval=None, watch_cache=False) as srv:
         for i in range(4):
             srv.create(service(f"svc-{i}"))
-        api = kubernetes.client.ApiClient(kubernetes.client.Configuration(host=srv.url))
-        src = KubernetesSource(api, NODE, page_size=2, backoff_initial=0.01, backoff_max=0.05)
-        src.start()
-        try:
-            assert src.wait_synced(3)
-            seen = src.resource_version("Service")
-            srv.delete("Service", "default", "svc-0")
-            srv.compact()
-            srv.close_watches()
-            assert wait_until(lambda: "svc-0" not in names(src, "Service"))
-            relists = [(q.get("resourceVersion"), bool(q.get("continue"))) for q in srv.list_requests("Service")[2:]]
-            assert relists[:3] == [(seen, False), (None, False), (None, True)]  # 410, then a consistent list
-            srv.create(service("svc-9"))  # and it watches from there
-            assert wait_until(lambda: "svc-9" in names(src, "Service"))
-        finally:
-            src.stop()
+        src = make_source(srv, page_size=2, backoff_initial=0.01, backoff_max=0.05)
+        assert src.wait_synced(3)
+        seen = src.resource_version("Service")
+        srv.delete("Service", "default", "svc-0")
+        srv.compact()
+        srv.close_watches()
+        assert wait_until(lambda: "svc-0" not in names(src, "Service"))
+        relists = [(q.get("resourceVersion"), bool(q.get("continue"))) for q in srv.list_requests("Service")[2:]]
+        assert relists[:3] == [(seen, False), (None, False), (None, True)]  # 410, then a consistent list
+        srv.create(service("svc-9"))  # and it watches from there
+        assert wait_until(lambda: "svc-9" in names(src, "Service"))
 
 
 def test_snapshots_stay_ordered_by_kind_namespace_name(server: FakeAPIServer, make_source: Any) -> None:
