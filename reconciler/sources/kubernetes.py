@@ -85,10 +85,12 @@ class ChangeLog:
     trigger_times: dict[Key, list[str]] = field(default_factory=dict)
     dropped_triggers: set[Key] = field(default_factory=set)
 
-    def record(self, kind: str, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+    def record(self, kind: str, key: Key, old: dict[str, Any] | None, new: dict[str, Any] | None,
+               changed: bool | None = None) -> None:
         """One event of `kind` for `key` (old/new: the cached bodies before and after; equal
         when the event changed nothing)."""
-        changed = not _same(old, new)
+        if changed is None:  # (the caller may know: a released body's fingerprint is not made twice)
+            changed = not _same(old, new)
         if kind == "Service":
             self.services += 1
             if changed:
@@ -577,7 +579,6 @@ class KubernetesSource:
             finally:
                 resp.release_conn()
             meta = _list_body(raw, take)
-            del raw
             if not meta.get("continue"):
                 break
             if version == "0" and "_continue" not in params:
@@ -665,7 +666,7 @@ class KubernetesSource:
                         inf.order = None
                     inf.cache[key] = body
                     inf.touched.add(key)
-                self._changes.record(inf.kind, key, old, body)
+                self._changes.record(inf.kind, key, old, body, changed)
             notify = changed and self._synced.is_set()
         if notify:
             self._notify()
