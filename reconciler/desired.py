@@ -1220,14 +1220,24 @@ class BuildCache:
     def _check_nodeports(self, results: dict[tuple[str, str], Any], services: dict[tuple[str, str], Any]
                          ) -> dict[tuple[Any, ...], str]:
         """Two services on one nodePort, or on one ClusterIP and port, would make the kernel
-        state ambiguous (the API server never allows either): refuse, naming both. Kept as
-        owners: (protocol, nodePort) and (clusterIP, protocol, port) -> service port id."""
+        state ambiguous (the API server never allows either): refuse, naming both. A claim built
+        before stays its Service's while that still makes it, whatever the port is called now (a
+        Service rebuilt for its endpoints or the Node, or with a port renamed, is never the one
+        refused); between new claims the first by name wins. Kept as owners: (protocol, nodePort)
+        and (clusterIP, protocol, port) -> service port id."""
         owners = dict(self.nodeports)
-        for key in results:
+        for key, result in results.items():
+            now: dict[tuple[Any, ...], str] = {}
+            for sp in result[0] if result else []:
+                for k in _claims(sp):
+                    now.setdefault(k, sp.id)
             for sp in self.results.get(key, ([], None))[0]:
                 for k in _claims(sp):
                     if owners.get(k) == sp.id:
-                        del owners[k]
+                        if k in now:
+                            owners[k] = now[k]
+                        else:
+                            del owners[k]
         errors = []
         for key, result in sorted(results.items()):
             for i, sp in enumerate(result[0] if result else []):

@@ -26,6 +26,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any, Callable, Container, Iterator
 
 import kubernetes.client
@@ -100,7 +101,7 @@ class ChangeLog:
             if not changed:
                 return
             self.pending_slices += 1
-            service = (key[0], _labels(new or old).get(SERVICE_NAME_LABEL) or "")
+            service = (key[0], _service_name(new or old))
             if new is None:
                 self.trigger_times.pop(service, None)
                 self.dropped_triggers.add(service)
@@ -118,9 +119,12 @@ class ChangeLog:
         return taken
 
 
-def _labels(body: dict[str, Any] | None) -> dict[str, Any]:
+def _service_name(body: dict[str, Any] | None) -> str:
+    """The name of an EndpointSlice's Service (its label; a released body's own field)."""
+    if body is not None and _FINGERPRINT in body:
+        return str(body.get(_SERVICE) or "")
     labels = ((body or {}).get("metadata") or {}).get("labels")
-    return labels if isinstance(labels, dict) else {}
+    return (labels.get(SERVICE_NAME_LABEL) if isinstance(labels, dict) else None) or ""
 
 
 @dataclass
@@ -278,7 +282,9 @@ class KubernetesSource:
         self._connect_timeout = connect_timeout
         self._lock = threading.Lock()
         self._memo: dict[tuple[str, str, str], SourceObject] = {}  # snapshot objects, reused while unchanged
-        self._unreleased: list[SourceObject] = []  # snapshot objects made since the last release_bodies()
+        # snapshot objects made since the last release_bodies(), the newest of each (while builds
+        # fail, objects that change again do not pile up)
+        self._unreleased: dict[tuple[str, str, str], SourceObject] = {}
         self._last: list[SourceObject] | None = None  # the last snapshot ...
         self._index: dict[tuple[str, str, str], int] = {}  # ... and where each object is in it
         self._notify_lock = threading.Lock()
@@ -364,7 +370,7 @@ class KubernetesSource:
                     out[at] = obj = SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
                     self._memo[(kind, ns, name)] = obj
                     if kind != "Node":
-                        self._unreleased.append(obj)
+                        self._unreleased[(kind, ns, name)] = obj
             self._last = out
             return list(out)
         out, memo = [], {}
@@ -373,25 +379,26 @@ class KubernetesSource:
             if obj is None or obj.body is not body:
                 obj = SourceObject(kind, ns, name, body, Location(f"kubernetes:{kind}/{ns}/{name}"))
                 if kind != "Node":
-                    self._unreleased.append(obj)
+                    self._unreleased[(kind, ns, name)] = obj
             memo[(kind, ns, name)] = obj
             out.append(obj)
         self._memo = memo
+        self._unreleased = {k: o for k, o in self._unreleased.items() if k in memo}  # (not those deleted)
         self._last, self._index = out, {key: i for i, key in enumerate(memo)}
         return list(out)
 
     def release_bodies(self, built: Container[int]) -> None:
         """The caller has built the snapshot objects whose id() is in `built` (its build cache
         keeps what it parsed, by object identity): their bodies are cut down to what the change
-        log reads (name, labels, the trigger-time annotation) and a fingerprint of the whole,
-        which tells an unchanged body from the server at a relist. In the informer cache too,
+        log reads (an EndpointSlice's Service) and a fingerprint of the whole, which tells an
+        unchanged body from the server at a relist. In the informer cache too,
         unless a newer body has replaced it meanwhile. The others (not built yet, or refused) stay
         whole. O(objects made since the last call); Node bodies stay (the run loop reads them)."""
-        pending, self._unreleased = self._unreleased, []
-        for obj in pending:
+        pending, self._unreleased = self._unreleased, {}
+        for key, obj in pending.items():
             if id(obj) not in built:
-                if self._memo.get(obj.key) is obj:  # (still current: built later, or never)
-                    self._unreleased.append(obj)
+                if self._memo.get(key) is obj:  # (still current: built later, or never)
+                    self._unreleased[key] = obj
                 continue
             whole = obj.body
             if _FINGERPRINT in whole:
@@ -399,9 +406,8 @@ class KubernetesSource:
             reduced = _released(whole)
             inf = self._informer(obj.kind)
             with self._lock:
-                key = (obj.namespace, obj.name)
-                if inf.cache.get(key) is whole:
-                    inf.cache[key] = reduced
+                if inf.cache.get((obj.namespace, obj.name)) is whole:
+                    inf.cache[(obj.namespace, obj.name)] = reduced
             object.__setattr__(obj, "body", reduced)
 
     def changes(self) -> tuple[int, int, int, int]:
@@ -574,11 +580,12 @@ class KubernetesSource:
                     body = self._normalize(inf, obj)
                     items[_key(body)] = body
 
-            try:
-                raw = resp.data
+            try:  # (read, not resp.data: that keeps the bytes beside their text while the items are parsed)
+                text = resp.read().decode("utf-8-sig")
             finally:
                 resp.release_conn()
-            meta = _list_body(raw, take)
+            meta = _list_body(text, take)
+            del text
             if not meta.get("continue"):
                 break
             if version == "0" and "_continue" not in params:
@@ -672,12 +679,18 @@ class KubernetesSource:
             self._notify()
 
     def _replace(self, inf: _Informer, items: dict[Key, dict[str, Any]], rv: str) -> None:
+        # what the list left as it was, worked out without the lock (a relist of 10k Services
+        # fingerprints each body: the run loop's snapshot would wait); only this thread changes
+        # the cache's state meanwhile (release_bodies swaps a body for its released form)
+        with self._lock:
+            cached = dict(inf.cache)
+        same = {k for k, v in items.items() if _same(cached.get(k), v)}
         with self._lock:
             self._counters["lists"] += 1
             if inf.synced:
                 self._counters["relists"] += 1
             # keep the old body object where nothing changed, so snapshots stay identical
-            items = {k: (inf.cache[k] if _same(inf.cache.get(k), v) else v) for k, v in items.items()}
+            items = {k: (inf.cache[k] if k in same else v) for k, v in items.items()}
             if inf.kind == "Node":  # (a Node deleted meanwhile: see _deleted_node)
                 items.update({k: _deleted_node(v) for k, v in inf.cache.items() if k not in items})
             changed = inf.cache != items
@@ -738,7 +751,8 @@ _KEPT: dict[str, dict[str, Any]] = {
 }
 
 
-_FINGERPRINT = "fingerprint"  # (a released body's: see release_bodies)
+_FINGERPRINT = "fingerprint"  # (a released body's fields: see release_bodies)
+_SERVICE = "service"
 
 
 def _fingerprint(body: Any) -> bytes:
@@ -746,10 +760,13 @@ def _fingerprint(body: Any) -> bytes:
 
 
 def _released(body: dict[str, Any]) -> dict[str, Any]:
-    """What a built body keeps: its kind, name, labels and trigger-time annotation (the change
-    log's), and the fingerprint of the whole."""
-    return {"apiVersion": body.get("apiVersion"), "kind": body.get("kind"),
-            "metadata": body.get("metadata") or {}, _FINGERPRINT: _fingerprint(body)}
+    """What a built body keeps: the fingerprint of the whole and, of an EndpointSlice, the name
+    of its Service (the change log's, when the slice is deleted). Nothing else of it is read
+    again: 10k Services, their metadata kept was ~12 MiB."""
+    reduced: dict[str, Any] = {_FINGERPRINT: _fingerprint(body)}
+    if body.get("kind") == "EndpointSlice":
+        reduced[_SERVICE] = _service_name(body)
+    return reduced
 
 
 def _same(old: Any, new: Any) -> bool:
@@ -767,24 +784,53 @@ def _same(old: Any, new: Any) -> bool:
 
 def _stripped(value: Any, kept: dict[str, Any]) -> Any:
     """value with only the fields of `kept` (managedFields, the last-applied annotation, status
-    conditions, an endpoint's targetRef go); a value of another shape stays as it is, for the
-    build to report."""
+    conditions, an endpoint's targetRef go), shared (see _shared); a value of another shape stays
+    as it is, for the build to report."""
     if isinstance(value, list):
         return [_stripped(item, kept) for item in value]
     if not isinstance(value, dict):
         return value
-    return {k: (v if kept[k] is None else _stripped(v, kept[k])) for k, v in value.items() if k in kept}
+    return {intern(k): (_shared(v, k) if kept[k] is None else _stripped(v, kept[k]))
+            for k, v in value.items() if k in kept}
+
+
+# fields whose values a cluster has few of (node names, zones, namespaces, protocols, policies)
+_FEW_VALUES = frozenset({"namespace", "nodeName", "zone", "protocol", "appProtocol", "addressType", "type",
+                         "sessionAffinity", "ipFamilies", "ipFamilyPolicy", "internalTrafficPolicy",
+                         "externalTrafficPolicy", "ipMode"})
+_STRINGS: dict[str, str] = {}  # their values, one string each
+STRINGS_MAX = 1 << 16  # (then it starts again: a cluster whose nodes come and go never grows it for ever)
+
+
+def _shared(value: Any, field: str) -> Any:
+    """value (of `field`) with each mapping key as the one interned string of its text, and the
+    values of the _FEW_VALUES fields as one string each. The JSON decoder makes new strings for
+    every item: 10k Services and their slices held ~40 MiB of copies of the same keys, node
+    names, zones, namespaces and protocols. (Values are not interned: an interned string lives
+    for ever on some Pythons, and pod IPs, names and times come and go.)"""
+    kind = type(value)
+    if kind is dict:
+        return {intern(k) if type(k) is str else k: _shared(v, k) for k, v in value.items()}
+    if kind is list:
+        return [_shared(v, field) for v in value]
+    if kind is str and field in _FEW_VALUES:
+        one = _STRINGS.get(value)
+        if one is None:
+            if len(_STRINGS) >= STRINGS_MAX:
+                _STRINGS.clear()
+            one = _STRINGS.setdefault(value, value)
+        return one
+    return value
 
 
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
-def _list_body(raw: bytes, take: Callable[[Any], None]) -> dict[str, Any]:
+def _list_body(text: str, take: Callable[[Any], None]) -> dict[str, Any]:
     """A list response: each of its items given to `take` as soon as it is parsed, one at a time
     (a 10k-Service cluster's EndpointSlice list answered from the watch cache is one ~60 MB
     body: parsed whole, its tree peaked at ~300 MiB before anything was stripped); returns its
-    metadata. ValueError when it is no JSON object."""
-    text = raw.decode("utf-8")
+    metadata. ValueError when it is no JSON object (as json.loads reads one: strict)."""
     decode = json.JSONDecoder().raw_decode
     meta: dict[str, Any] = {}
 
@@ -796,8 +842,19 @@ def _list_body(raw: bytes, take: Callable[[Any], None]) -> dict[str, Any]:
             raise ValueError(f"expected {char!r} at character {i} of the list")
         return skip(i + 1)
 
+    def comma(i: int, close: str) -> int:  # (after a member or an item: ',' and another, or the close)
+        if text[i:i + 1] == ",":
+            i = skip(i + 1)
+            if text[i:i + 1] == close:
+                raise ValueError(f"unexpected {close!r} after ',' at character {i} of the list")
+        elif text[i:i + 1] != close:
+            raise ValueError(f"expected ',' or {close!r} at character {i} of the list")
+        return i
+
     i = expect(skip(0), "{")
     while text[i:i + 1] != "}":
+        if text[i:i + 1] != '"':
+            raise ValueError(f"expected a member name at character {i} of the list")
         key, i = decode(text, i)
         i = expect(skip(i), ":")
         if key == "items" and text[i:i + 1] == "[":
@@ -805,21 +862,15 @@ def _list_body(raw: bytes, take: Callable[[Any], None]) -> dict[str, Any]:
             while text[i:i + 1] != "]":
                 item, i = decode(text, i)
                 take(item)
-                i = skip(i)
-                if text[i:i + 1] == ",":
-                    i = skip(i + 1)
-                elif text[i:i + 1] != "]":
-                    raise ValueError(f"expected ',' or ']' at character {i} of the list")
+                i = comma(skip(i), "]")
             i += 1
         else:
             value, i = decode(text, i)
             if key == "metadata" and isinstance(value, dict):
                 meta = value
-        i = skip(i)
-        if text[i:i + 1] == ",":
-            i = skip(i + 1)
-        elif text[i:i + 1] != "}":
-            raise ValueError(f"expected ',' or '}}' at character {i} of the list")
+        i = comma(skip(i), "}")
+    if skip(i + 1) != len(text):
+        raise ValueError(f"unexpected text after the list at character {skip(i + 1)}")
     return meta
 
 

@@ -52,6 +52,7 @@ class _Entry:
     signature: Signature | None
     result: LoadResult | None = None
     error: InputError | None = None
+    held: int = 0  # objects of the file's last read without an error
 
 
 @dataclass
@@ -408,8 +409,13 @@ class DirectorySource:
             try:
                 new.result = load_file(path, share_keys=True)  # kept until built: RSS counts
                 self._unreleased += new.result.objects
+                new.held = len(new.result.objects)
+                if entry is not None and entry.held and not new.held:  # (a template that wrote nothing, a
+                    log.warning("%s holds no object any more (it held %d): removing them",  # write cut short)
+                                path, entry.held)
             except InputError as exc:
                 new.error = exc
+                new.held = entry.held if entry is not None else 0  # (what is kept meanwhile)
             reread.append(path)
             with self._lock:
                 self._cache[path] = new

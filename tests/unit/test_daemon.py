@@ -476,34 +476,22 @@ def test_api_requests_are_exported_as_client_go_does() -> None:
 
 
 def test_api_bodies_are_let_go_once_built(tmp_path: Path) -> None:
-    """As a directory's: once built, a Service's or EndpointSlice's body is cut down to its name,
-    labels and a fingerprint (10k Services: the bodies were ~1/3 of the process). An object the
-    build refused keeps its body (read again when it changes); a relist of the same state changes
-    nothing; a real change is built from the new body."""
-    from reconciler.daemon import KubeSource
-
+    """As a directory's: once built, a Service's or EndpointSlice's body is cut down, to a
+    fingerprint and a slice's Service (10k Services: the bodies were ~1/3 of the process). An
+    object the build refused keeps its body (read again when it changes); a relist of the same
+    state changes nothing; a real change is built from the new body."""
     with FakeAPIServer(bookmark_interval=None) as api:
         api.create(api_service("web", cluster_ip="10.96.0.10"))
         api.create(api_slice("web-1", "web", ["10.244.1.5"]))
         api.create(api_service("bad", cluster_ip="10.96.0.300"))
         api.create(api_node("node-a"))
-        cfg = tmp_path / "kubeconfig"
-        cfg.write_text(f"apiVersion: v1\nkind: Config\nclusters: [{{name: f, cluster: {{server: '{api.url}'}}}}]\n"
-                       "users: [{name: u, user: {token: t}}]\ncontexts: [{name: f, context: {cluster: f, user: u}}]\n"
-                       "current-context: f\n")
-        clock, backend = FakeClock(), FakeBackend()
-        d = Daemon(Options(node_name="node-a", sync_period=SYNC, min_sync_period=MIN_SYNC), backend, None, clock=clock)
-        source = KubeSource(str(cfg), "node-a", d.notify)
-        d.source = source
-        source.start()
-        try:
-            assert wait_until(source.ready, timeout=5)
+        with api_daemon(api, tmp_path) as (d, backend, clock, source):
             assert d.step().ok  # type: ignore[union-attr]
             assert list(backend.kernel) == ["default/web:http/TCP"]
             informers = {inf.kind: inf.cache for inf in source.source._informers}
             web_svc, web_slice = informers["Service"][("default", "web")], informers["EndpointSlice"][("default", "web-1")]
-            assert "fingerprint" in web_svc and "spec" not in web_svc and "endpoints" not in web_slice
-            assert web_slice["metadata"]["labels"] == {"kubernetes.io/service-name": "web"}
+            assert list(web_svc) == ["fingerprint"] and sorted(web_slice) == ["fingerprint", "service"]
+            assert web_slice["service"] == "web"  # (a deleted slice's Service: see ChangeLog)
             assert "spec" in informers["Service"][("default", "bad")]  # (refused: kept whole)
             assert "status" in informers["Node"][("", "node-a")]
             before = {o.key: o for o in source.snapshot().objects}
@@ -522,8 +510,59 @@ def test_api_bodies_are_let_go_once_built(tmp_path: Path) -> None:
             assert report is not None and report.ok
             assert sorted(backend.kernel) == ["default/bad:http/TCP", "default/web:http/TCP"]
             assert "10.244.1.6" in str(d.desired.services)  # type: ignore[union-attr]
-        finally:
-            source.stop()
+            slices = next(inf.cache for inf in source.source._informers if inf.kind == "EndpointSlice")
+            assert "endpoints" not in slices[("default", "web-1")]  # (released)
+            api.delete("EndpointSlice", "default", "web-1")
+            assert wait_until(lambda: source.changes()[3] == 1, timeout=15)
+            assert source.take_changes()[1] == {("default", "web")}  # (its Service's trigger times dropped)
+
+
+def test_an_api_service_built_before_keeps_its_ports_against_a_newcomer(tmp_path: Path) -> None:
+    """A Service that arrives on the ClusterIP and port of one built before is the one refused,
+    even when the older one is rebuilt in the same batch (its endpoints changed) and its name
+    sorts later: the older one's body was let go once built, so refusing it would lose it until
+    the server changed it."""
+    with FakeAPIServer(bookmark_interval=None) as api:
+        api.create(api_service("zzz", cluster_ip="10.96.0.10"))
+        api.create(api_slice("zzz-1", "zzz", ["10.244.1.5"]))
+        api.create(api_node("node-a"))
+        with api_daemon(api, tmp_path) as (d, backend, clock, source):
+            assert d.step().ok  # type: ignore[union-attr]
+            api.create(api_service("aaa", cluster_ip="10.96.0.10"))
+            api.update(api_slice("zzz-1", "zzz", ["10.244.1.6"]))
+            bodies = lambda: str([o.body for o in source.snapshot().objects])  # noqa: E731
+            assert wait_until(lambda: "10.244.1.6" in bodies() and "'aaa'" in bodies(), timeout=15)
+            clock.advance(SYNC)
+            assert d.step().ok  # type: ignore[union-attr]
+            assert list(backend.kernel) == ["default/zzz:http/TCP"]
+            assert "10.244.1.6" in str(d.desired.services)  # type: ignore[union-attr]
+            assert d.health.body(True)[1]["lastError"].startswith("kubernetes:Service/default/aaa:")
+            api.update(api_service("aaa", cluster_ip="10.96.0.11"))
+            assert wait_until(lambda: "'10.96.0.11'" in bodies(), timeout=15)
+            clock.advance(SYNC)
+            assert d.step().ok  # type: ignore[union-attr]
+            assert sorted(backend.kernel) == ["default/aaa:http/TCP", "default/zzz:http/TCP"]
+
+
+@contextlib.contextmanager
+def api_daemon(api: FakeAPIServer, tmp_path: Path) -> Iterator[tuple[Daemon, FakeBackend, FakeClock, Any]]:
+    """A Daemon on a started KubeSource reading `api` (synced), stopped afterwards."""
+    from reconciler.daemon import KubeSource
+
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(f"apiVersion: v1\nkind: Config\nclusters: [{{name: f, cluster: {{server: '{api.url}'}}}}]\n"
+                   "users: [{name: u, user: {token: t}}]\ncontexts: [{name: f, context: {cluster: f, user: u}}]\n"
+                   "current-context: f\n")
+    clock, backend = FakeClock(), FakeBackend()
+    d = Daemon(Options(node_name="node-a", sync_period=SYNC, min_sync_period=MIN_SYNC), backend, None, clock=clock)
+    source = KubeSource(str(cfg), "node-a", d.notify)
+    d.source = source
+    source.start()
+    try:
+        assert wait_until(source.ready, timeout=5)
+        yield d, backend, clock, source
+    finally:
+        source.stop()
 
 
 def test_an_api_out_of_reach_reports_degraded_until_it_answers_again() -> None:

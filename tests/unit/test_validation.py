@@ -119,6 +119,33 @@ def test_a_conflict_with_a_service_built_before_names_its_place(tmp_path):
                               f"by default/web:http/TCP ({tmp_path}/a/web.yaml:13:7)")
 
 
+def _np(name: str | None, port: int, node_port: int) -> dict:
+    return {"port": port, "protocol": "TCP", "nodePort": node_port, **({"name": name} if name else {})}
+
+
+@pytest.mark.parametrize("before, after, newcomer, newcomer_ip", [
+    ([_np("http", 80, 30080)], [_np("http", 80, 30080)], [_np("http", 80, 30080)], "10.96.0.11"),  # (rebuilt)
+    ([_np("http", 80, 30080)], [_np("web", 80, 30080)], [_np("http", 80, 30080)], "10.96.0.11"),  # renamed
+    ([_np(None, 80, 30080)], [_np(None, 81, 30080)], [_np(None, 80, 30080)], "10.96.0.11"),  # renumbered
+    ([_np("http", 80, 30080)], [_np("web", 80, 30080)], [_np("http", 80, 30099)], "10.96.0.10"),  # its ClusterIP
+], ids=["rebuilt", "port-renamed", "unnamed-port-renumbered", "cluster-ip-and-port"])
+def test_a_claim_built_before_stays_with_its_service_against_a_newcomer(before, after, newcomer, newcomer_ip):
+    """A Service changed in the batch that brings a newcomer on its nodePort (or ClusterIP and
+    port) keeps what it had, whatever its port is called now; the newcomer is refused, though its
+    name sorts first (the run loop's API source would drop the older one from the kernel)."""
+    from reconciler.desired import BuildCache
+    from helpers import node, service
+
+    cache, opts = BuildCache(), BuildOptions("node-a")
+    old = service("zzz", "10.96.0.10", before, type="NodePort")
+    cache.update([old, node()], [], opts)
+    with pytest.raises(InputErrors) as exc:
+        cache.update([service("zzz", "10.96.0.10", after, type="NodePort"),
+                      service("aaa", newcomer_ip, newcomer, type="NodePort")], [old], opts)
+    assert [e.location for e in exc.value.errors] == [Location("mem:default/aaa")]
+    assert "already used by default/zzz:" in str(exc.value)
+
+
 def test_odd_shapes_are_errors_at_their_place_not_crashes(tmp_path):
     slice_ = """apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice

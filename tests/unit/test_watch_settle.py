@@ -465,6 +465,30 @@ def test_a_manifest_turned_into_a_link_to_nothing_is_an_error_not_a_removal(tmp_
                                                      "(../missing.yaml)"], full
 
 
+@pytest.mark.parametrize("content, via_error", [("", False), ("# nothing yet\n---\n", False), ("", True)])
+def test_a_manifest_emptied_is_a_removal_said_in_the_log(
+        tmp_path: Path, content: str, via_error: bool, caplog: pytest.LogCaptureFixture) -> None:
+    """A file that held objects and now holds none (a template that rendered nothing, a write cut
+    short) removes them, as git would have it, but not silently; also when a read with an error
+    (which kept them) came between."""
+    svc(tmp_path / "a.yaml", "a", "10.96.0.10")
+    svc(tmp_path / "b.yaml", "b", "10.96.0.11")
+    src = DirectorySource(str(tmp_path))
+    assert names(src) == ["a", "b"]
+    if via_error:
+        (tmp_path / "b.yaml").write_text("spec: [\n")
+        src.rescan()
+        assert src.snapshot().errors
+    (tmp_path / "b.yaml").write_text(content)
+    src.rescan()
+    with caplog.at_level(logging.WARNING, logger="reconciler.sources.watch"):
+        assert names(src) == ["a"]
+        src.rescan()
+        assert names(src) == ["a"]  # (said once: when it happens)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{tmp_path / 'b.yaml'} holds no object any more (it held 1): removing them"]
+
+
 def test_files_under_a_linked_folder_are_not_read_as_they_change(tmp_path: Path) -> None:
     """A symbolic link to a folder is not followed (warned about); the watcher may follow it all
     the same, and a file changed there used to be read (programmed), then dropped by the next walk."""
