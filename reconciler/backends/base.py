@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -201,11 +202,67 @@ def timed_out(argv: list[str], seconds: float) -> KernelError:
     return KernelError(f"{argv[0]}: no answer in {seconds:g} s: killed (a tool that hangs, or a lock held that long)")
 
 
-def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subprocess.CompletedProcess[str]:
+class SpooledInput:
+    """A kernel tool's input, written a piece at a time (whole lines): kept as its pieces while it
+    is at most `limit` characters, past that in a memory file, so that a big transaction is never
+    one string beside the pieces it was made of (10k services, a cold start's `nft -f` text:
+    ~15 MB twice, the run process's peak). `noticed`: whether a piece matched `notice`."""
+
+    def __init__(self, limit: int, notice: re.Pattern[str] | None = None) -> None:
+        self.limit = limit
+        self.size = 0  # characters written
+        self.noticed = False
+        self._notice = notice
+        self._parts: list[str] = []
+        self._buffered = 0
+        self._file: IO[bytes] | None = None
+
+    def write(self, piece: str) -> None:
+        self.size += len(piece)
+        self._buffered += len(piece)
+        self._parts.append(piece)
+        if not self.noticed and self._notice is not None and self._notice.search(piece):
+            self.noticed = True
+        if self._buffered > (self.limit if self._file is None else _CHUNK):
+            self._spill()
+
+    @property
+    def in_memory(self) -> bool:
+        return self._file is None
+
+    def text(self) -> str:
+        """All of it as one string (a big one's only when it must be: a failed transaction's)."""
+        if self._file is None:
+            return "".join(self._parts)
+        self._spill()
+        self._file.seek(0)
+        return self._file.read().decode()
+
+    def file(self) -> IO[bytes]:
+        """The memory file, all written and read from its start."""
+        self._spill()
+        assert self._file is not None
+        self._file.seek(0)
+        return self._file
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def _spill(self) -> None:
+        if self._file is None:
+            self._file = _memory_file()
+        self._file.seek(0, os.SEEK_END)
+        self._file.write("".join(self._parts).encode())
+        self._parts, self._buffered = [], 0
+
+
+def run_tool(argv: list[str], stdin: str | list[str] | SpooledInput | None = None
+             ) -> subprocess.CompletedProcess[str]:
     """Run a kernel tool (`nft -f -`, `iptables-restore`, `nft list table`, ...) to completion,
     its output captured. KernelError when it cannot be started.
 
-    Its input (a text, or its lines) and its output are files in memory, not pipes: a big
+    Its input (a text, its lines, or a SpooledInput) and its output are files in memory, not pipes: a big
     transaction (10k services: 10-24 MB) is read at the tool's own pace while this process's
     threads do other work, and a big listing (10k services: ~10 MB of `nft list table`) is
     written at the tool's pace and read here in one go. A pipe costs this process a wake-up and
@@ -221,6 +278,8 @@ def run_tool(argv: list[str], stdin: str | list[str] | None = None) -> subproces
             if stdin is None:
                 proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, check=False,
                                       timeout=timeout)
+            elif isinstance(stdin, SpooledInput):
+                proc = subprocess.run(argv, stdin=stdin.file(), stdout=out, stderr=err, check=False, timeout=timeout)
             else:
                 with _memory_file() as fh:
                     if isinstance(stdin, str):

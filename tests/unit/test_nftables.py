@@ -473,7 +473,7 @@ def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch
     failing = {"first": 1}
 
     def run_script(text):
-        ran.append(text)
+        ran.append(text if isinstance(text, str) else text.text())  # (the fast form is written to a SpooledInput)
         if len(ran) <= failing["first"]:
             raise KernelError(f"nft -f failed (nothing was changed): attempt {len(ran)}")
         return nft_backend.kernel.Ran(0.001, [7])
@@ -486,6 +486,29 @@ def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch
     with pytest.raises(KernelError, match="attempt 2"):  # the plain form failed too: its error
         b.apply(ops)
     assert len(ran) == 2
+
+
+@pytest.mark.parametrize("limit", [1 << 30, 4096])
+def test_a_transaction_written_as_it_is_made_is_the_same_text(limit):
+    """The run loop writes its transaction into a SpooledInput (kept in pieces while small, else
+    in a memory file: a 10k-service text is never one string): the text, what `nft -f` reads,
+    and whether it is certain to commit are those of the whole string."""
+    from reconciler.backends.base import SpooledInput, run_tool
+    from reconciler.backends.nftables.kernel import _ALWAYS_CHANGES, certain_to_commit
+
+    desired = render(many_services(60))
+    ops = diff(desired, Ruleset())
+    whole = script(ops, desired)
+    out = SpooledInput(limit, _ALWAYS_CHANGES)
+    assert script(ops, desired, out) == ""
+    assert out.in_memory == (limit > len(whole)) and out.size == len(whole) > 4096
+    assert out.text() == whole and out.noticed == certain_to_commit(whole) is True
+    assert run_tool(["cat"], out).stdout == whole
+    assert run_tool(["cat"], out).stdout == whole  # (read from its start again)
+    out.close()
+    table_only = SpooledInput(limit, _ALWAYS_CHANGES)
+    table_only.write("add table ip t\n")  # (may change nothing)
+    assert not table_only.noticed
 
 
 @pytest.mark.parametrize("tools_at_once", [1, 3])

@@ -64,19 +64,22 @@ class NftablesBackend:
         return self.prepare(operations)()
 
     def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
-        light = self.script(operations)
+        light = kernel.spooled_script()  # (written, not held as one string: see SpooledInput)
+        script(operations, self._rendered, light)
 
         def run() -> list[int] | None:
             try:
                 return kernel.run_script(light).generations
             except KernelError as exc:
                 plain = script(operations)
-                if plain == light:
+                if plain == light.text():
                     raise
                 # the kernel refused a set as script() restated it (one made by something else,
                 # or another nft version): nothing was changed, so the plain commands may try
                 log.warning("nftables transaction failed as written for speed (%s); retrying it plainly", exc)
                 return kernel.run_script(plain).generations
+            finally:
+                light.close()
         return run
 
     def foreign(self, operation: Operation) -> str | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ..base import Operation
+from ..base import Operation, SpooledInput
 from .objects import FAMILIES, TABLE, Chain, NftSet, Ruleset, Table, element_text
 
 _PREFIXES = ("svc-", "ext-", "ep-", "aff-")
@@ -180,7 +180,7 @@ _SET_REF = re.compile(r"@([^\s,{}]+)")
 _ELEMENT_BATCH = 1000
 
 
-def script(ops: list[Operation], model: Ruleset | None = None) -> str:
+def script(ops: list[Operation], model: Ruleset | None = None, out: SpooledInput | None = None) -> str:
     """The `nft -f` text for ops: one transaction; consecutive element operations on one set
     become one command.
 
@@ -192,17 +192,21 @@ def script(ops: list[Operation], model: Ruleset | None = None) -> str:
     elements = { … }; }`. Both only ever name objects exactly as they exist (or are created in
     this same transaction), so the kernel result is the same as the plain commands'. Base chains,
     interval sets and deletions keep the plain form.
+
+    With `out`, the text is written there as it is made (and "" returned): a big transaction's
+    is never one string.
     """
-    out = _ScriptWriter(model)
+    writer = _ScriptWriter(model, out)
     for op in ops:
-        out.add(op)
-    return out.text()
+        writer.add(op)
+    return writer.text()
 
 
 class _ScriptWriter:
-    def __init__(self, model: Ruleset | None) -> None:
+    def __init__(self, model: Ruleset | None, out: SpooledInput | None = None) -> None:
         self.model = model
-        self.lines: list[str] = []
+        self.out = out
+        self.lines: list[str] = []  # (without `out`)
         self.head: str | None = None  # the open batch: a command head plus its items
         self.items: list[str] = []
         self.tail = ""
@@ -228,11 +232,17 @@ class _ScriptWriter:
             if op.kind in ("set", "map") and op.action == "+":
                 self.declared.add(tuple(op.name.split(f" {op.kind} ")))  # type: ignore[arg-type]
             self._close()
-            self.lines.append(op.text)
+            self._line(op.text)
 
     def text(self) -> str:
         self._close()
         return "\n".join(self.lines) + ("\n" if self.lines else "")
+
+    def _line(self, line: str) -> None:
+        if self.out is not None:
+            self.out.write(line + "\n")
+        else:
+            self.lines.append(line)
 
     def _item(self, head: str, item: str, tail: str, limit: int | None, block: bool = False) -> None:
         if head != self.head or (limit is not None and len(self.items) >= limit):
@@ -243,9 +253,9 @@ class _ScriptWriter:
     def _close(self) -> None:
         if self.head is not None:
             if self.block:
-                self.lines.append(self.head + "".join("\n\t" + rule for rule in self.items) + self.tail)
+                self._line(self.head + "".join("\n\t" + rule for rule in self.items) + self.tail)
             else:
-                self.lines.append(f"{self.head} {', '.join(self.items)}{self.tail}")
+                self._line(f"{self.head} {', '.join(self.items)}{self.tail}")
         self.head, self.items = None, []
 
     def _table(self, op: Operation) -> Table | None:
@@ -280,5 +290,5 @@ class _ScriptWriter:
             if (table.ref, r) not in self.declared:  # before the block (a block may be split in two)
                 self._close()
                 self.declared.add((table.ref, r))
-                self.lines.append(_set_def(table, table.sets[r]))
+                self._line(_set_def(table, table.sets[r]))
         return head, rule

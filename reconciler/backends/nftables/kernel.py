@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from ..base import KernelError, run_tool
+from ..base import KernelError, SpooledInput, run_tool
 from ..generation import CommitWatch, commits_between, generation, own_ports
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,12 @@ class Ran(NamedTuple):
     generations: list[int] | None
 
 
-def run_script(script: str) -> Ran:
+def spooled_script() -> SpooledInput:
+    """Somewhere to write a transaction's text (diff.script's `out`) for run_script."""
+    return SpooledInput(IN_PROCESS_MAX_BYTES, _ALWAYS_CHANGES)
+
+
+def run_script(script: str | SpooledInput) -> Ran:
     """Run `script` as one atomic transaction, all or nothing (`nft -f` semantics), and tell
     which generation its commit produced.
 
@@ -85,24 +90,27 @@ def run_script(script: str) -> Ran:
     the generation before it and the one after it, when they are consecutive and the script is
     certain to commit (see certain_to_commit): one transaction, one commit, nobody else's beside it.
     """
-    if not script.strip():
+    size = script.size if isinstance(script, SpooledInput) else len(script)
+    if not (script.size if isinstance(script, SpooledInput) else script.strip()):
         return Ran(0.0, [])
     start = time.monotonic()
     generations: list[int] | None = None
-    if len(script) <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
-        how, (error, seen) = "libnftables", _LIBNFT.run(script)
+    if size <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
+        text = script.text() if isinstance(script, SpooledInput) else script
+        how, (error, seen) = "libnftables", _LIBNFT.run(text)
         if seen is not None:
             ours = own_ports()
             generations = [g for g, port in seen if port in ours]
     else:
-        before = generation() if certain_to_commit(script) else None
+        certain = script.noticed if isinstance(script, SpooledInput) else certain_to_commit(script)
+        before = generation() if certain else None
         proc = run_tool([nft_binary(), "-f", "-"], script)
         how, error = "nft -f", proc.stderr.strip() if proc.returncode != 0 else None
         generations = commits_between(before, generation() if before is not None and error is None else None, 1)
     elapsed = time.monotonic() - start
     if error is not None:
         raise KernelError(f"nft -f failed (nothing was changed): {error}")
-    log.debug("%s: %d bytes in %.4fs", how, len(script), elapsed)
+    log.debug("%s: %d characters in %.4fs", how, size, elapsed)
     return Ran(elapsed, generations)
 
 
