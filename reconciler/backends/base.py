@@ -156,8 +156,8 @@ class Backend(Protocol):
 
     def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
         """apply(operations) in two steps: the transaction written now (its text), run when the
-        returned function is called (reconcile.apply writes it before describing the plan in
-        service terms beside the kernel tool: two threads writing at once would each go at
+        returned function is called, once (reconcile.apply writes it before describing the plan
+        in service terms beside the kernel tool: two threads writing at once would each go at
         half speed)."""
 
     def generation(self) -> int | None:
@@ -216,6 +216,7 @@ class SpooledInput:
         self._parts: list[str] = []
         self._buffered = 0
         self._file: IO[bytes] | None = None
+        self.closed = False
 
     def write(self, piece: str) -> None:
         self.size += len(piece)
@@ -232,6 +233,8 @@ class SpooledInput:
 
     def text(self) -> str:
         """All of it as one string (a big one's only when it must be: a failed transaction's)."""
+        if self.closed:
+            raise ValueError("SpooledInput used after close()")
         if self._file is None:
             return "".join(self._parts)
         self._spill()
@@ -246,15 +249,19 @@ class SpooledInput:
         return self._file
 
     def close(self) -> None:
+        self.closed = True
+        self._parts = []
         if self._file is not None:
             self._file.close()
 
     def _spill(self) -> None:
+        if self.closed:
+            raise ValueError("SpooledInput used after close()")
         if self._file is None:
             self._file = _memory_file()
+        parts, self._parts, self._buffered = self._parts, [], 0  # (a write that fails loses them: never twice)
         self._file.seek(0, os.SEEK_END)
-        self._file.write("".join(self._parts).encode())
-        self._parts, self._buffered = [], 0
+        self._file.write("".join(parts).encode())
 
 
 def run_tool(argv: list[str], stdin: str | list[str] | SpooledInput | None = None

@@ -481,6 +481,10 @@ def test_apply_retries_plainly_when_the_kernel_refuses_the_fast_form(monkeypatch
     monkeypatch.setattr(nft_backend.kernel, "run_script", run_script)
     assert b.apply(ops) == [7]  # the generation the plain form's commit produced
     assert ran == [b.script(ops), script(ops)] and ran[0] != ran[1]
+    once = b.prepare(ops)
+    assert once() == [7]
+    with pytest.raises(RuntimeError, match="runs once"):  # (its text is let go once run)
+        once()
     ran.clear()
     failing["first"] = 2
     with pytest.raises(KernelError, match="attempt 2"):  # the plain form failed too: its error
@@ -506,6 +510,8 @@ def test_a_transaction_written_as_it_is_made_is_the_same_text(limit):
     assert run_tool(["cat"], out).stdout == whole
     assert run_tool(["cat"], out).stdout == whole  # (read from its start again)
     out.close()
+    with pytest.raises(ValueError, match="after close"):
+        out.text()
     table_only = SpooledInput(limit, _ALWAYS_CHANGES)
     table_only.write("add table ip t\n")  # (may change nothing)
     assert not table_only.noticed

@@ -64,15 +64,24 @@ class NftablesBackend:
         return self.prepare(operations)()
 
     def prepare(self, operations: list[Operation]) -> Callable[[], list[int] | None]:
+        """The transaction's text written now; the function returned runs it, once."""
         light = kernel.spooled_script()  # (written, not held as one string: see SpooledInput)
-        script(operations, self._rendered, light)
+        try:
+            script(operations, self._rendered, light)
+        except BaseException:
+            light.close()
+            raise
 
         def run() -> list[int] | None:
+            if light.closed:
+                raise RuntimeError("a prepared nftables transaction runs once")
             try:
                 return kernel.run_script(light).generations
             except KernelError as exc:
                 plain = script(operations)
-                if plain == light.text():
+                same = plain == light.text()
+                light.close()  # (before the retry: a 10k cold start's ~15 MB)
+                if same:
                     raise
                 # the kernel refused a set as script() restated it (one made by something else,
                 # or another nft version): nothing was changed, so the plain commands may try
