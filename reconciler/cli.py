@@ -301,7 +301,8 @@ def diagnostics(source: str, errors: list[InputError], warnings: list[str], serv
     if service_ports is not None:
         out["servicePorts"] = service_ports
     out["errors"] = [e.to_dict() for e in errors]
-    out["warnings"] = [w.to_dict() if isinstance(w, InputWarning) else {"message": w} for w in warnings]
+    out["warnings"] = [w.to_dict() if isinstance(w, InputWarning) else {"message": w}
+                       for w in in_place_order(warnings)]  # (the config file's, logged first, by line too)
     return out
 
 

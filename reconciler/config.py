@@ -240,8 +240,9 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     if file_mode:
         out["mode"] = file_mode
     elif not mode:
-        log.warning("%s: mode is not set: kube-proxy runs iptables then, service-reconciler nftables (and reads "
-                    "nftables:); set mode: iptables to keep iptables", where("mode"))
+        log.warning("%s", InputWarning(where("mode"), "mode is not set: kube-proxy runs iptables then, "
+                                       "service-reconciler nftables (and reads nftables:); set mode: iptables to "
+                                       "keep iptables"))
     section = mode or file_mode or "nftables"
     if doc.get("clusterCIDR"):
         out["cluster_cidrs"] = _checked(where, ("clusterCIDR",), parse_cidrs, str(doc["clusterCIDR"]))
@@ -483,22 +484,23 @@ def _warn_unsupported(doc: dict[str, Any], where: Where, section: str) -> None:
     here (silently ignoring them would program something else than the file asks for)."""
     for key in MODE_SECTION_ONLY:
         if key in doc:
-            log.warning("%s: %s is not a KubeProxyConfiguration field at the top level: kube-proxy ignores it, "
-                        "and so does service-reconciler (set it under %s:)", where(key), key, section)
+            log.warning("%s", InputWarning(where(key), f"{key} is not a KubeProxyConfiguration field at the top "
+                                           "level: kube-proxy ignores it, and so does service-reconciler (set it "
+                                           f"under {section}:)"))
     for key, why in IGNORED.items():
         if _set(doc.get(key)):
-            log.warning("%s: %s is not used: %s", where(key), key, why)
+            log.warning("%s", InputWarning(where(key), f"{key} is not used: {why}"))
     detect = doc.get("detectLocalMode")
     if detect and detect != "ClusterCIDR":
-        log.warning("%s: detectLocalMode %s is not supported: pod traffic is told by clusterCIDR "
-                    "(--cluster-cidr) only; without it nothing is treated as local pod traffic",
-                    where("detectLocalMode"), detect)
+        log.warning("%s", InputWarning(where("detectLocalMode"), f"detectLocalMode {detect} is not supported: pod "
+                                       "traffic is told by clusterCIDR (--cluster-cidr) only; without it nothing is "
+                                       "treated as local pod traffic"))
     for mode in MODES:  # (both: --mode may pick the other one)
         section = doc.get(mode)
         bit = section.get("masqueradeBit") if isinstance(section, dict) else None
         if bit is not None and bit != 14:
-            log.warning("%s: masqueradeBit %s is not supported: the masquerade mark is bit 14 (0x4000)",
-                        where(mode, "masqueradeBit"), bit)
+            log.warning("%s", InputWarning(where(mode, "masqueradeBit"), f"masqueradeBit {bit} is not supported: "
+                                           "the masquerade mark is bit 14 (0x4000)"))
 
 
 def merge(base: Options, overrides: dict[str, Any]) -> Options:

@@ -147,6 +147,24 @@ endpoints:
         (23, "endpoints[2].conditions.ready")]
 
 
+def test_config_file_warnings_carry_their_place_in_json_in_line_order(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """validate -o json (a CI job's annotations): the --config file's warnings have file, line and
+    column as the manifests' do, and come in the order of file and line."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "web.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n"
+                                             "  clusterIP: 10.96.0.5\n  ports: [{port: 80}]\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+                      "syncPeriod: 10s\nnftables:\n  syncPerod: 5s\noomScoreAdj: -999\ndetectLocalMode: NodeCIDR\n"
+                      "nftables2: {}\n")
+    assert main(["validate", "--source", str(tmp_path / "m"), "--node-name", "node-a", "--config", str(config),
+                 "-o", "json"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert [(w["file"], w["line"]) for w in warnings] == [(str(config), n) for n in (1, 3, 5, 6, 7, 8)]
+    assert warnings[0]["message"].startswith("mode is not set")
+
+
 def test_a_bad_duration_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--sync-period", "--min-sync-period"):
         assert main(["run", "--source", str(tmp_path), flag, "30"]) == 1
