@@ -506,6 +506,9 @@ def _check_ip_families(r: _Reader, ips: list[Any]) -> None:
             ip = normalize_ip(ips[i])
             if ip is not None and ip_family(ip) != _ADDRESS_TYPES[name]:
                 raise r.error(path, f"{name} is not the family of clusterIPs[{i}] ({ips[i]})")
+        elif ips and i >= len(ips) and not r.obj.location.origin.startswith(_API_ORIGIN):
+            r.warn(path, f"{name} has no clusterIP (clusterIPs[{i}]): nothing is programmed for it (the API server "
+                   "allocates one)")
 
 
 def _attempt(errors: list[InputError], read: Callable[..., Any], *args: Any, default: Any = None, **kw: Any) -> Any:

@@ -329,6 +329,12 @@ def test_ip_family_policy_is_what_the_api_server_takes(tmp_path):
     assert "spec.ipFamilyPolicy: SingleStack, with a clusterIP of each family" in errors_for(tmp_path, dual)
     _, warnings = build_warnings(tmp_path, base.replace("spec:\n", "spec:\n  externalTrafficPolicy: Local\n"))
     assert any("spec.externalTrafficPolicy: set on a Service with no external address" in w for w in warnings)
+    # a family listed without its clusterIP (written by hand: the API server would allocate one)
+    _, warnings = build_warnings(tmp_path, base.replace("  clusterIP: 10.96.0.1", "  clusterIP: 10.96.0.1\n"
+                                                        "  ipFamilyPolicy: PreferDualStack\n  ipFamilies: [IPv4, IPv6]"))
+    assert [w for w in warnings if "ipFamilies" in w] == [
+        "svc.yaml:9:22: spec.ipFamilies[1]: IPv6 has no clusterIP (clusterIPs[1]): nothing is programmed "
+        "for it (the API server allocates one)"]
 
 
 def test_what_the_api_server_refuses_is_refused_here_too(tmp_path):
