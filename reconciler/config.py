@@ -250,7 +250,10 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     if nodeport_cidrs is not None:
         out["nodeport_cidrs"] = nodeport_cidrs
     name = _string(doc, where, "hostnameOverride")
-    if name and name.strip():  # kube-proxy's node name, as --node-name
+    if name:  # kube-proxy's node name, as --node-name (GetHostname: trimmed, lower-cased, never blank)
+        if not name.strip():
+            raise InputError(where("hostnameOverride"), "blank: give this node's name, as its Node object has it "
+                             "(kube-proxy refuses an empty hostname too)", ("hostnameOverride",))
         out["node_name"] = name.strip().lower()
     kubeconfig = _string(doc, where, "clientConnection", "kubeconfig")
     if kubeconfig:

@@ -93,6 +93,16 @@ def test_a_string_setting_of_another_type_is_an_error_at_its_line(tmp_path, line
     assert f"{path}:" in str(exc.value)
 
 
+def test_a_blank_hostname_override_is_an_error_as_kube_proxy_has_it(tmp_path):
+    """kube-proxy's GetHostname refuses a hostnameOverride of spaces ("empty hostname is
+    invalid"); it was ignored here, so the hostname named the node without a word."""
+    path = tmp_path / "kp.yaml"
+    path.write_text(CONFIG.replace("hostnameOverride: Node-A", "hostnameOverride: '   '"))
+    with pytest.raises(InputError) as exc:
+        load_kube_proxy_config(str(path))
+    assert str(exc.value).startswith(f"{path}:") and "hostnameOverride: blank" in str(exc.value)
+
+
 def test_a_config_file_that_is_not_utf8_is_named(tmp_path):
     path = tmp_path / "kp.yaml"
     path.write_bytes(("# padding\n" * 2000 + CONFIG.replace("Node-A", "N\u00e9")).encode("latin-1"))
