@@ -90,19 +90,19 @@ def run_script(script: str | SpooledInput) -> Ran:
     the generation before it and the one after it, when they are consecutive and the script is
     certain to commit (see certain_to_commit): one transaction, one commit, nobody else's beside it.
     """
-    size = script.size if isinstance(script, SpooledInput) else len(script)
-    if not (script.size if isinstance(script, SpooledInput) else script.strip()):
+    spooled = script if isinstance(script, SpooledInput) else None
+    size = spooled.size if spooled is not None else len(script)
+    if not (size if spooled is not None else script.strip()):  # (a text of blanks commits nothing)
         return Ran(0.0, [])
     start = time.monotonic()
     generations: list[int] | None = None
     if size <= IN_PROCESS_MAX_BYTES and _LIBNFT.available():
-        text = script.text() if isinstance(script, SpooledInput) else script
-        how, (error, seen) = "libnftables", _LIBNFT.run(text)
+        how, (error, seen) = "libnftables", _LIBNFT.run(spooled.text() if spooled is not None else script)
         if seen is not None:
             ours = own_ports()
             generations = [g for g, port in seen if port in ours]
     else:
-        certain = script.noticed if isinstance(script, SpooledInput) else certain_to_commit(script)
+        certain = spooled.noticed if spooled is not None else certain_to_commit(script)
         before = generation() if certain else None
         proc = run_tool([nft_binary(), "-f", "-"], script)
         how, error = "nft -f", proc.stderr.strip() if proc.returncode != 0 else None
