@@ -369,3 +369,52 @@ def test_a_saved_plan_is_checked_whole_before_anything_is_applied(
     (tmp_path / "latin.json").write_bytes(b'{"mode": "nftables", "node": "caf\xe9"}')
     assert main(["apply", "--plan", str(tmp_path / "latin.json")]) == 1
     assert f"{tmp_path / 'latin.json'}: cannot read it: 'utf-8' codec" in capsys.readouterr().err
+
+
+def _many_services(directory: Path, count: int) -> None:
+    for i in range(count):
+        (directory / f"svc{i}.yaml").write_text(
+            f"apiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: default}}\n"
+            f"spec:\n  clusterIP: 10.96.{i // 250}.{i % 250 + 1}\n  ports: [{{name: http, port: 80}}]\n"
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n"
+            f"metadata: {{name: svc{i}-a, namespace: default, labels: {{kubernetes.io/service-name: svc{i}}}}}\n"
+            "addressType: IPv4\nports: [{name: http, port: 8080}]\n"
+            f"endpoints: [{{addresses: [10.244.{i // 250}.{i % 250 + 1}], conditions: {{ready: true}}}}]\n")
+
+
+def test_the_command_ends_a_one_shot_command_with_all_its_output_and_its_exit_code(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """console() ends a one-shot command without freeing what it built: everything printed still
+    arrives (more than a pipe holds), the exit code is main()'s, and a reader that goes away early
+    gets no complaint on stderr."""
+    import subprocess
+    import sys
+    _many_services(tmp_path, 300)
+    argv = ["render", "--source", str(tmp_path), "--node-name", "node-a", "-o", "json"]
+    assert main(argv) == 0
+    expected = capsys.readouterr().out
+    assert len(expected) > 1 << 17  # (twice a pipe's buffer)
+    proc = subprocess.run([sys.executable, "-m", "reconciler", *argv], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, expected)
+    (tmp_path / "bad.yaml").write_text("apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec: {ports: 5}\n")
+    proc = subprocess.run([sys.executable, "-m", "reconciler", "validate", "--source", str(tmp_path), "--node-name",
+                           "node-a"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "bad.yaml:4:8: spec.ports: expected list" in proc.stderr
+    (tmp_path / "bad.yaml").unlink()
+    with subprocess.Popen([sys.executable, "-m", "reconciler", *argv], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as reader:
+        assert reader.stdout is not None and reader.stderr is not None
+        assert reader.stdout.read(10) == expected[:10].encode()
+        reader.stdout.close()  # (gone before the rest is written)
+        err = reader.stderr.read().decode()
+        assert reader.wait(timeout=120) == 1
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+    (tmp_path / "few").mkdir()
+    _many_services(tmp_path / "few", 1)  # (output that waits in the buffer for the end's flush)
+    with subprocess.Popen([sys.executable, "-m", "reconciler", "render", "--source", str(tmp_path / "few"),
+                           "--node-name", "node-a"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
+        assert reader.stdout is not None and reader.stderr is not None
+        reader.stdout.close()  # (gone before anything is written)
+        err = reader.stderr.read().decode()
+        assert reader.wait(timeout=120) == 1
+    assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
