@@ -19,7 +19,9 @@ in those microseconds sees the new generation without them. The run loop's hourl
 
 Over netlink sockets of the standard library: a request costs a few tens of microseconds.
 pyroute2 (a dependency of the one-shot commands) speaks it too, but importing it costs the
-long-running process ~22 MiB and ~0.3 s.
+long-running process ~22 MiB and ~0.3 s, and a one-shot command ~0.2 s of the core it loads the
+manifests on: the list of tables there (list_tables, for the other mode's leftovers) is asked
+the same way.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ NETLINK_NETFILTER = 12
 SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, NETLINK_DROP_MEMBERSHIP = 270, 1, 2
 NFNLGRP_NFTABLES = 7  # the group nf_tables announces its changes to
 NFNL_SUBSYS_NFTABLES = 10
-NFT_MSG_NEWGEN, NFT_MSG_GETGEN = 15, 16
+NFT_MSG_NEWTABLE, NFT_MSG_GETTABLE, NFT_MSG_NEWGEN, NFT_MSG_GETGEN = 0, 1, 15, 16
 NEWGEN = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN
-NFTA_GEN_ID = 1
-NLM_F_REQUEST = 1
+NEWTABLE = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE
+NFTA_GEN_ID = NFTA_TABLE_NAME = 1
+NLM_F_REQUEST, NLM_F_DUMP_INTR, NLM_F_DUMP = 1, 0x10, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flag bits
 
@@ -99,11 +102,51 @@ def request(seq: int) -> bytes:
                         NLM_F_REQUEST, seq, 0) + body
 
 
+def list_tables(timeout: float = 1.0) -> set[tuple[int, str]] | None:
+    """(family, name) of every nf_tables table in this thread's network namespace, the family as
+    the kernel numbers it (NFPROTO_*): one dump of the tables alone. None when the kernel cannot
+    be asked, or a commit meanwhile interrupted the dump."""
+    seq = next(_seq) & 0xFFFFFFFF
+    body = _NFGENMSG.pack(socket.AF_UNSPEC, 0, 0)  # (every family)
+    found: set[tuple[int, str]] = set()
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER) as sock:
+            sock.settimeout(timeout)
+            sock.send(_HEADER.pack(_HEADER.size + len(body), (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETTABLE,
+                                   NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body)
+            for _ in range(4096):  # (a datagram holds a few hundred tables)
+                if parse_tables(sock.recv(1 << 16), seq, found):
+                    return found
+    except (OSError, ValueError, struct.error):
+        pass
+    return None
+
+
+def parse_tables(data: bytes, seq: int, found: set[tuple[int, str]]) -> bool:
+    """Add to `found` the (family, name) of each table a datagram of dump `seq` lists; whether it
+    ends the dump. OSError for a netlink error answer or an interrupted dump (its list may lack a
+    table), ValueError (or struct.error) for a malformed message."""
+    for kind, msg_seq, _port, start, end, flags in _messages(data):
+        if msg_seq != seq:
+            continue
+        if flags & NLM_F_DUMP_INTR:
+            raise OSError(errno.EINTR, "the dump was interrupted by a change")
+        if kind == NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", data, start)
+            raise OSError(-code, os.strerror(-code) if code else "netlink error")
+        if kind == NLMSG_DONE:
+            return True
+        if kind == NEWTABLE:
+            family = data[start]  # (nfgenmsg.nfgen_family)
+            found.add((family, _string_attr(data, start + _NFGENMSG.size, end, NFTA_TABLE_NAME)))
+    return False
+
+
 def parse_reply(data: bytes, seq: int) -> int | None:
     """The generation in a netlink datagram answering request `seq`; None when it holds no
     answer to it. OSError for a netlink error answer, ValueError (or struct.error) for a
     malformed message."""
-    for kind, msg_seq, _port, start, end in _messages(data):
+    for kind, msg_seq, _port, start, end, _flags in _messages(data):
         if msg_seq != seq:
             continue
         if kind == NLMSG_ERROR:
@@ -119,7 +162,7 @@ def parse_reply(data: bytes, seq: int) -> int | None:
 def parse_announcements(data: bytes) -> list[tuple[int, int]]:
     """(generation, committing socket's port id) of each NFT_MSG_NEWGEN in a datagram of the
     group (the kernel puts the committer's port id in the message header)."""
-    return [(_gen_id(data, start, end), port) for kind, _seq, port, start, end in _messages(data)
+    return [(_gen_id(data, start, end), port) for kind, _seq, port, start, end, _flags in _messages(data)
             if kind == NEWGEN]
 
 
@@ -196,25 +239,41 @@ class CommitWatch:
                     seen = None
 
 
-def _messages(data: bytes) -> Iterator[tuple[int, int, int, int, int]]:
-    """(type, seq, port id, payload start, end) of each netlink message in a datagram."""
+def _messages(data: bytes) -> Iterator[tuple[int, int, int, int, int, int]]:
+    """(type, seq, port id, payload start, end, flags) of each netlink message in a datagram."""
     offset = 0
     while offset + _HEADER.size <= len(data):
-        length, kind, _flags, seq, port = _HEADER.unpack_from(data, offset)
+        length, kind, flags, seq, port = _HEADER.unpack_from(data, offset)
         if length < _HEADER.size or offset + length > len(data):
             raise ValueError(f"malformed netlink message (length {length})")
-        yield kind, seq, port, offset + _HEADER.size, offset + length
+        yield kind, seq, port, offset + _HEADER.size, offset + length, flags
         offset += (length + 3) & ~3
+
+
+def _attrs(data: bytes, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """(type, value start, value end) of each attribute between start and end (up to one too short
+    to be one: padding)."""
+    while start + _ATTR.size <= end:
+        length, kind = _ATTR.unpack_from(data, start)
+        if length < _ATTR.size:
+            return
+        if start + length > end:
+            raise ValueError(f"malformed netlink attribute (length {length})")
+        yield kind & NLA_TYPE_MASK, start + _ATTR.size, start + length
+        start += (length + 3) & ~3
+
+
+def _string_attr(data: bytes, start: int, end: int, wanted: int) -> str:
+    """The NUL-terminated string attribute `wanted` of a payload's attributes."""
+    for kind, vstart, vend in _attrs(data, start, end):
+        if kind == wanted:
+            return data[vstart:vend].split(b"\0", 1)[0].decode("utf-8", "replace")
+    raise ValueError(f"no attribute {wanted} in the message")
 
 
 def _gen_id(data: bytes, start: int, end: int) -> int:
     """NFTA_GEN_ID of an NFT_MSG_NEWGEN payload."""
-    start += _NFGENMSG.size
-    while start + _ATTR.size <= end:
-        length, kind = _ATTR.unpack_from(data, start)
-        if length < _ATTR.size:
-            break
-        if kind & NLA_TYPE_MASK == NFTA_GEN_ID and length >= _ATTR.size + 4 and start + _ATTR.size + 4 <= end:
-            return int(struct.unpack_from(">I", data, start + _ATTR.size)[0])
-        start += (length + 3) & ~3
+    for kind, vstart, vend in _attrs(data, start + _NFGENMSG.size, end):
+        if kind == NFTA_GEN_ID and vend - vstart >= 4:
+            return int(struct.unpack_from(">I", data, vstart)[0])
     raise ValueError("NFT_MSG_NEWGEN without NFTA_GEN_ID")

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from reconciler.backends.generation import parse_announcements, parse_reply, request
+from reconciler.backends.generation import parse_announcements, parse_reply, parse_tables, request
 
 # NFT_MSG_NEWGEN answering seq 7: NFTA_GEN_ID 2, NFTA_GEN_PROC_PID, NFTA_GEN_PROC_NAME "python"
 NEWGEN_7 = bytes.fromhex("300000000f0a0000070000001b2a00000000000208000100000000020800020000002a1b"
@@ -67,3 +67,38 @@ def test_a_message_cut_short_is_an_error() -> None:
 def test_an_answer_without_the_generation_is_an_error() -> None:
     with pytest.raises(ValueError, match="NFTA_GEN_ID"):
         parse_reply(NEWGEN_7[:20] + bytes(28), 7)  # the same header, zeroed attributes
+
+
+# a dump of the tables answering seq 9 (inet reconciler, ip reconciler-03, ip6 filter, bridge foo),
+# then its NLMSG_DONE
+TABLES_9 = bytes.fromhex(
+    "40000000000a02000900000034060000010000020f0001007265636f6e63696c6572000008000300000000000c00040000"
+    "00000000000001080002000000000044000000000a0200090000003406000002000002120001007265636f6e63696c6572"
+    "2d303300000008000300000000000c000400000000000000000208000200000000003c000000000a020009000000340600"
+    "000a0000020b00010066696c746572000008000300000000000c0004000000000000000003080002000000000038000000"
+    "000a020009000000340600000700000208000100666f6f0008000300000000000c0004000000000000000004080002000000"
+    "0000")
+DONE_9 = bytes.fromhex("1400000003000200090000003406000000000000")
+
+
+def test_the_tables_are_read_from_a_dump_until_its_end() -> None:
+    found: set[tuple[int, str]] = set()
+    assert parse_tables(TABLES_9, 9, found) is False  # (more to come)
+    assert found == {(1, "reconciler"), (2, "reconciler-03"), (10, "filter"), (7, "foo")}
+    assert parse_tables(DONE_9, 9, found) is True
+    assert parse_tables(TABLES_9 + DONE_9, 9, set()) is True
+    other: set[tuple[int, str]] = set()
+    assert parse_tables(TABLES_9, 10, other) is False and other == set()  # (another request's)
+
+
+def test_an_interrupted_or_failed_dump_of_the_tables_is_an_oserror() -> None:
+    interrupted = bytearray(TABLES_9)
+    struct.pack_into("=H", interrupted, 6, struct.unpack_from("=H", interrupted, 6)[0] | 0x10)  # NLM_F_DUMP_INTR
+    with pytest.raises(OSError) as exc:
+        parse_tables(bytes(interrupted), 9, set())
+    assert exc.value.errno == errno.EINTR
+    with pytest.raises(OSError) as exc:
+        parse_tables(EINVAL_8, 8, set())
+    assert exc.value.errno == errno.EINVAL
+    with pytest.raises(ValueError):
+        parse_tables(TABLES_9[:-8], 9, set())  # (cut short)

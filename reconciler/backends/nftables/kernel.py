@@ -19,7 +19,7 @@ import time
 from typing import Any, NamedTuple
 
 from ..base import KernelError, SpooledInput, run_tool
-from ..generation import CommitWatch, commits_between, generation, own_ports
+from ..generation import CommitWatch, commits_between, generation, list_tables, own_ports
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +39,17 @@ _NFPROTO = {1: "inet", 2: "ip", 3: "arp", 5: "netdev", 7: "bridge", 10: "ip6"}
 
 def existing_tables() -> set[tuple[str, str]] | None:
     """(family, name) of every nftables table in this namespace, from one netlink dump of the
-    tables alone; None when netlink cannot be asked (then look table by table).
+    tables alone (generation.list_tables); None when netlink cannot be asked (then look table by
+    table).
 
     `nft list tables` cannot stand in: nft 1.0.6 fetches every table's contents for it (26 s next
     to a 10k-service iptables-nft ruleset), and `nft list table` costs a process and ~7 ms of
     cache fetching per name."""
-    try:
-        from pyroute2.nftables.main import NFTables
-
-        with NFTables(nfgen_family=0) as nft:  # NFPROTO_UNSPEC: every family
-            return {(_NFPROTO.get(t.get("nfgen_family"), str(t.get("nfgen_family"))), t.get_attr("NFTA_TABLE_NAME"))
-                    for t in nft.get_tables()}
-    except Exception as exc:  # noqa: BLE001 - any failure only means: ask nft for each table
-        log.debug("listing nftables tables over netlink failed: %s", exc)
+    tables = list_tables()
+    if tables is None:
+        log.debug("listing nftables tables over netlink failed: asking for each table")
         return None
+    return {(_NFPROTO.get(family, str(family)), name) for family, name in tables}
 
 
 def list_table(family: str, name: str) -> str | None:
