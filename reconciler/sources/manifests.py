@@ -257,12 +257,9 @@ def load_file(path: str, docs: list[Any] | None = None, share_keys: bool = False
     return result
 
 
-def parse_files(paths: list[str], background: bool = False) -> list[list[Any] | None]:
+def parse_files(paths: list[str]) -> list[list[Any] | None]:
     """Each file's documents as plain data, or None where that failed (load_file then reads the
-    file again and reports the error). Runs in a worker process: everything it returns pickles.
-    `background`: at a lower CPU priority (the worker then only takes an idle core)."""
-    if background and os.getpriority(os.PRIO_PROCESS, 0) < 10:
-        os.setpriority(os.PRIO_PROCESS, 0, 10)
+    file again and reports the error). Runs in a worker process: everything it returns pickles."""
     out: list[list[Any] | None] = []
     for path in paths:
         try:
@@ -429,12 +426,13 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     """Load every manifest under root; collects all syntax errors and rejects duplicates.
 
     With `pool` (the one-shot commands' process pool, see reconcile.plan_against_kernel) and many
-    files, the pool's idle workers parse the second half of the files, chunk by chunk from the
-    end and at a lower priority, while this process parses from the start and itself parses every
-    chunk not done by the time it gets there (it never waits). Reading and parsing 10k files takes
-    ~1 s on one core with the cyclic GC off as one-shot commands run (yaml-rs; ~2.6 s with
-    libyaml's events), of which the worker saves ~0.15 s while the other core is busy reading
-    the kernel; the lower priority keeps that reader first.
+    files, the pool's worker parses the second half of the files, chunk by chunk from the end,
+    once it is idle, while this process parses from the start and itself parses every chunk not
+    done by the time it gets there (it never waits). Reading and parsing 10k files takes ~1.2 s
+    on one core with the cyclic GC off as one-shot commands run (yaml-rs; ~2.6 s with libyaml's
+    events). The worker reads the kernel first: a short read (an empty kernel, a cold apply)
+    leaves it most of the half to parse; a long one (a no-op plan at 10k services) leaves it
+    none, and its core to the kernel tool, which a second worker parsing at once would share.
     """
     result = LoadResult()
     errors: list[InputError] = []
@@ -444,7 +442,7 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     chunks: dict[int, Future[list[list[Any] | None]]] = {}
     if pool is not None and len(files) >= PARALLEL_MIN_FILES:
         for start in reversed(range(len(files) // 2, len(files), PARALLEL_CHUNK)):
-            chunks[start] = pool.submit(parse_files, files[start:start + PARALLEL_CHUNK], True)
+            chunks[start] = pool.submit(parse_files, files[start:start + PARALLEL_CHUNK])
     parsed: dict[str, list[Any] | None] = {}
     for i, path in enumerate(files):
         if i in chunks:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -345,3 +346,36 @@ def test_a_change_to_rules_alone_is_a_changed_service_port_in_the_plan(mode: str
                                            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 60}}),
                             observed_model=before, other_mode=False, describe=False)
     assert undescribed.count_services(backend) == {"~": 1}  # (the run loop's count)
+
+
+class _SlowReader:
+    """A backend whose read, in the forked worker, takes a while and notes when it runs."""
+
+    observe_in = "process"
+
+    def __init__(self, log: str) -> None:
+        self.log = log
+
+    def observe(self, beside_work: bool = False) -> str:
+        _note(self.log, "read starts")
+        import time
+        time.sleep(0.3)
+        _note(self.log, "read ends")
+        return "model"
+
+
+def _note(path: str, what: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(what + "\n")
+
+
+def test_the_one_shot_worker_reads_the_kernel_before_it_parses_anything(tmp_path: Path) -> None:
+    """One worker: the manifests it is given to parse wait for the kernel read, so that a long
+    read keeps its core (the loading parses them itself meanwhile)."""
+    from reconciler.reconcile import _workers
+    log = str(tmp_path / "log")
+    with _workers(_SlowReader(log)) as (observed, pool):
+        assert pool is not None
+        parsed = pool.submit(_note, log, "parse")
+        assert observed.result(timeout=30) == "model" and parsed.result(timeout=30) is None
+    assert open(log).read().split("\n")[:3] == ["read starts", "read ends", "parse"]
