@@ -899,7 +899,8 @@ def _endpoints_for(slices: list[_Slice], port: _Port, family: Family) -> list[En
                 key = (ep.ip, number)
                 if key not in merged or not ep.terminating:  # a non-terminating copy wins, as upstream
                     merged[key] = ep if ep.port == number else _with_port(ep, number)
-    return sorted(merged.values(), key=lambda e: (_ip_key(e.ip), e.port))
+    af = socket.AF_INET6 if family == "ipv6" else socket.AF_INET  # (a slice's addresses are of its family)
+    return sorted(merged.values(), key=lambda e: (socket.inet_pton(af, e.ip), e.port))
 
 
 def _with_port(ep: EndpointInfo, port: int) -> EndpointInfo:
@@ -907,8 +908,8 @@ def _with_port(ep: EndpointInfo, port: int) -> EndpointInfo:
                         ep.zoneHints, ep.nodeHints)
 
 
-def _eps(infos: Iterable[EndpointInfo]) -> tuple[Endpoint, ...]:
-    return tuple(Endpoint(e.ip, e.port) for e in infos)
+def _endpoints_of(infos: Iterable[EndpointInfo]) -> tuple[Endpoint, ...]:
+    return tuple([Endpoint(e.ip, e.port) for e in infos])
 
 
 def _family_block(svc: _Service, port: _Port, family: Family, eps: list[EndpointInfo], node: NodeInfo
@@ -920,23 +921,30 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
     uses_cluster = not svc.itp_local or externally_accessible
     uses_local = svc.itp_local or etp_local
     cat = categorize_endpoints(eps, node.name, node.zone, uses_cluster, uses_local)
+    made: dict[int, tuple[Endpoint, ...]] = {}  # (the paths often share a list: one tuple each)
+
+    def endpoints(infos: tuple[EndpointInfo, ...]) -> tuple[Endpoint, ...]:
+        out = made.get(id(infos))
+        if out is None:
+            out = made[id(infos)] = _endpoints_of(infos)
+        return out
 
     if not cat.has_any:
         internal = TrafficPath("reject", policy="Local" if svc.itp_local else "Cluster")
     elif svc.itp_local:
-        internal = TrafficPath("forward", _eps(cat.local), "Local") if cat.local else TrafficPath("drop", policy="Local")
+        internal = TrafficPath("forward", endpoints(cat.local), "Local") if cat.local else TrafficPath("drop", policy="Local")
     else:
-        internal = TrafficPath("forward", _eps(cat.cluster)) if cat.cluster else TrafficPath("reject")
+        internal = TrafficPath("forward", endpoints(cat.cluster)) if cat.cluster else TrafficPath("reject")
 
     external = None
     if externally_accessible:
         policy = "Local" if etp_local else "Cluster"
         chosen = cat.local if etp_local else cat.cluster
-        short = _eps(cat.cluster) if etp_local else ()
+        short = endpoints(cat.cluster) if etp_local else ()
         if not cat.has_any:
             external = TrafficPath("reject", policy=policy, shortCircuit=())
         elif chosen:
-            external = TrafficPath("forward", _eps(chosen), policy, short)
+            external = TrafficPath("forward", endpoints(chosen), policy, short)
         else:
             external = TrafficPath("drop", (), policy, short)
 
@@ -952,7 +960,7 @@ def _family_block(svc: _Service, port: _Port, family: Family, eps: list[Endpoint
         hairpin = tuple(Endpoint(e.ip, e.port) for e in local if (e.ip, e.port) in used)
     serving: tuple[Endpoint, ...] = ()
     if port.protocol == "UDP":  # (what the conntrack cleanup keeps; it cleans UDP only)
-        serving = _eps(e for e in eps if e.serving)
+        serving = _endpoints_of(e for e in eps if e.serving)
         if serving == internal.endpoints:  # the usual case: one tuple for both
             serving = internal.endpoints
     block = ServicePortFamily(
