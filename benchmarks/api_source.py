@@ -31,6 +31,8 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from installed import compile_package  # noqa: E402
 NODE = "node-0"
 
 
@@ -253,6 +255,7 @@ def main() -> None:
     if a.serve:
         serve(a)
         return
+    compile_package()  # (as installed: not compiled again at the daemon's start)
     f = measure(a)
     print("| size | objects | run: start->first sync | run peak RSS | steady RSS | 1 endpoint, API->kernel (median) |")
     print("|---|---|---|---|---|---|")
