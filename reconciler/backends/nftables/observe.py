@@ -31,8 +31,8 @@ def each_table(look_first: bool = False, tools_at_once: int = 3) -> Iterator[Tab
     ever in memory at once; `tools_at_once=1` keeps to one `nft` at a time, the others parsing
     meanwhile: for a read beside other work (the one-shot commands load the manifests
     meanwhile, and more tools than cores would take the core they need). With `look_first`,
-    the tables there are listed over netlink first and only those are read: for when most are
-    expected missing (the other mode's leftovers), as it costs an import of ~0.2 s and 20 MB.
+    the tables there are listed over netlink first (one dump, kernel.existing_tables) and only
+    those are read: for when most are expected missing (the other mode's leftovers).
     """
     one_tool = threading.BoundedSemaphore(max(1, tools_at_once))
 
