@@ -13,7 +13,7 @@ from ruamel.yaml.error import MarkedYAMLError
 
 from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, ip_family, normalize_ip
 from .fields import did_you_mean
-from .sources.objects import InputError, InputWarning, Location, format_path, type_name, undecodable_at
+from .sources.objects import InputError, InputWarning, Location, type_name, undecodable_at
 
 log = logging.getLogger(__name__)
 
@@ -42,32 +42,50 @@ def parse_duration(text: str) -> float:
     return total
 
 
-def conntrack_seconds(text: str, where: str) -> float:
+@dataclass(frozen=True)
+class ConfigPlace:
+    """Where a --config file's value is: a warning about its spelling is an InputWarning there
+    (its file, line, column and field in `validate -o json`), as the file's other warnings are."""
+
+    location: Location
+    keys: tuple[str | int, ...]
+
+
+What = str | ConfigPlace  # what a value is: a flag's name, or its place in the --config file
+
+
+def _warn(what: What, message: str) -> None:
+    if isinstance(what, ConfigPlace):
+        log.warning("%s", InputWarning(what.location, message, what.keys))
+    else:
+        log.warning("%s: %s", what, message)
+
+
+def conntrack_seconds(text: str, where: What) -> float:
     """A conntrack timeout in seconds; kube-proxy writes it truncated to whole seconds (warned)."""
     seconds = parse_duration(text)
     if seconds != int(seconds):
-        log.warning("%s: %s is not a whole number of seconds: %d is written (kube-proxy truncates)",
-                    where, text, int(seconds))
+        _warn(where, f"{text} is not a whole number of seconds: {int(seconds)} is written (kube-proxy truncates)")
     return seconds
 
 
-def read_cidr(text: Any, what: str) -> str:
+def read_cidr(text: Any, what: What) -> str:
     """A CIDR as kube-proxy reads it (netutils.ParseCIDRSloppy, as the manifest reader does); a
     loose spelling is warned about under `what`. ValueError if it is none."""
     read = _read_cidr(text.strip()) if isinstance(text, str) else None
     if read is None:
         raise ValueError(f"invalid CIDR {text!r}")
     if read[1]:
-        log.warning("%s: %r is read as %s (%s)", what, text, read[0], read[1])
+        _warn(what, f"{text!r} is read as {read[0]} ({read[1]})")
     return read[0]
 
 
-def parse_cidrs(text: str, what: str) -> tuple[str, ...]:
+def parse_cidrs(text: str, what: What) -> tuple[str, ...]:
     """Comma-separated CIDRs (blank entries skipped)."""
     return tuple(read_cidr(p, what) for p in text.split(",") if p.strip())
 
 
-def parse_service_cidrs(text: str, what: str) -> tuple[str, ...]:
+def parse_service_cidrs(text: str, what: What) -> tuple[str, ...]:
     """parse_cidrs, but no CIDR of every address (/0): new traffic to any address of it that is
     no ClusterIP is dropped, which would cut the node off."""
     cidrs = parse_cidrs(text, what)
@@ -78,7 +96,7 @@ def parse_service_cidrs(text: str, what: str) -> tuple[str, ...]:
     return cidrs
 
 
-def parse_nodeport_addresses(text: str, what: str) -> tuple[str, ...]:
+def parse_nodeport_addresses(text: str, what: What) -> tuple[str, ...]:
     """CIDRs, or 'primary' alone: this node's IPs (resolved when the document is built)."""
     items = [p.strip() for p in text.split(",") if p.strip()]
     if NODEPORT_PRIMARY in items:
@@ -272,11 +290,11 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
 Where = Callable[..., Location]
 
 
-def _checked(where: Where, keys: tuple[str | int, ...], parse: Callable[[Any, str], Any], value: Any) -> Any:
-    """parse(value, what), its ValueError an InputError at `keys`."""
+def _checked(where: Where, keys: tuple[str | int, ...], parse: Callable[[Any, What], Any], value: Any) -> Any:
+    """parse(value, its place), its ValueError an InputError at `keys`."""
     loc = where(*keys)
     try:
-        return parse(value, f"{loc}: {format_path(keys)}")
+        return parse(value, ConfigPlace(loc, keys))
     except ValueError as exc:
         raise InputError(loc, str(exc), keys) from None
 
@@ -422,7 +440,7 @@ def _conntrack(doc: dict[str, Any], where: Any) -> dict[str, Any]:
                 raise InputError(loc, f"expected an integer from 0 to {INT32_MAX}, got {value!r}", path)
         else:
             try:
-                value = conntrack_seconds(str(value), f"{loc}: conntrack.{key}")
+                value = conntrack_seconds(str(value), ConfigPlace(loc, path))
             except ValueError as exc:
                 raise InputError(loc, str(exc), path) from None
         out[CONNTRACK_KEYS[key]] = value

@@ -157,12 +157,17 @@ def test_config_file_warnings_carry_their_place_in_json_in_line_order(
     config = tmp_path / "config.yaml"
     config.write_text("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
                       "syncPeriod: 10s\nnftables:\n  syncPerod: 5s\noomScoreAdj: -999\ndetectLocalMode: NodeCIDR\n"
-                      "nftables2: {}\n")
+                      "nftables2: {}\nclusterCIDR: 010.244.0.0/16\nnodePortAddresses: [10.0.0.0/8, 192.168.001.0/24]\n"
+                      "conntrack: {udpTimeout: 1.5s}\n")
     assert main(["validate", "--source", str(tmp_path / "m"), "--node-name", "node-a", "--config", str(config),
                  "-o", "json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
-    assert [(w["file"], w["line"]) for w in warnings] == [(str(config), n) for n in (1, 3, 5, 6, 7, 8)]
+    assert [(w["file"], w["line"]) for w in warnings] == [(str(config), n) for n in (1, 3, 5, 6, 7, 8, 9, 10, 11)]
     assert warnings[0]["message"].startswith("mode is not set")
+    # (a value's spelling too: its place, field and column, not only in the message)
+    assert [(w["column"], w["field"], w["message"].split(" ")[0]) for w in warnings[-3:]] == [
+        (1, "clusterCIDR", "'010.244.0.0/16'"), (33, "nodePortAddresses[1]", "'192.168.001.0/24'"),
+        (13, "conntrack.udpTimeout", "1.5s")]
 
 
 def test_a_bad_duration_names_its_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
