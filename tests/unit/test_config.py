@@ -521,3 +521,91 @@ def test_configz_serves_the_configuration_in_effect_file_then_flags(tmp_path):
     opts = options_from(build_parser().parse_args(["run", "--source", "x", "--config", str(path)]))
     conf = configz(opts)["kubeproxy.config.k8s.io"]
     assert conf["BindAddress"] == "::" and conf["HealthzBindAddress"] == "[::]:10256"
+
+
+# --------------------------------------------------------------------------- its schema
+
+def _config_schema():
+    import jsonschema
+
+    from helpers import REPO
+    with open(f"{REPO}/schemas/kube-proxy-config.schema.json") as fh:
+        return jsonschema.Draft202012Validator(json.load(fh))
+
+
+def test_the_config_schema_names_every_field_the_loader_knows_and_no_other():
+    from reconciler.config import CONNTRACK_KEYS, SECTION_FIELDS, TOP_FIELDS
+    schema = _config_schema().schema
+    assert set(schema["properties"]) == TOP_FIELDS
+    for section in ("clientConnection",):
+        assert set(schema["properties"][section]["properties"]) == SECTION_FIELDS[section]
+    mode = set(schema["$defs"]["modeSection"]["properties"])
+    assert mode | set(schema["properties"]["iptables"].get("properties", {})) == SECTION_FIELDS["iptables"]
+    assert mode == SECTION_FIELDS["nftables"]
+    assert set(schema["$defs"]["conntrack"]["properties"]) == set(CONNTRACK_KEYS)
+
+
+HEAD = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+
+
+@pytest.mark.parametrize("body", [
+    "",  # (every field unset)
+    CONFIG.removeprefix(HEAD),
+    "mode: nftables\nnodePortAddresses: [primary]\nnftables: {syncPeriod: 1m30s, minSyncPeriod: 0}\n",
+    "mode: ''\nnodePortAddresses: []\nbindAddress: '::'\nhealthzBindAddress: '[::]:10256'\nmetricsBindAddress: 127.0.0.1\n",
+    "bindAddressHardFail: yes\niptables: {masqueradeAll: off, localhostNodePorts: true, masqueradeBit: 14}\n",
+    "conntrack: {maxPerCore: 0, min: 131072, tcpEstablishedTimeout: 24h0m0s, tcpBeLiberal: true, udpTimeout: 0s}\n",
+    "clientConnection: {kubeconfig: /etc/kubeconfig, qps: 5}\nhostnameOverride: ''\nfeatureGates: {}\n",
+    "conntrack:\nnftables:\nclusterCIDR:\nipvs: {scheduler: rr}\ndetectLocalMode: ClusterCIDR\n",
+])
+def test_what_the_loader_takes_without_a_word_the_config_schema_takes(tmp_path, caplog, body):
+    from ruamel.yaml import YAML
+    path = tmp_path / "c.yaml"
+    path.write_text(HEAD + body)
+    with caplog.at_level("WARNING"):
+        load_kube_proxy_config(str(path), mode="nftables")
+    assert "not a field" not in caplog.text
+    errors = [e.message for e in _config_schema().iter_errors(YAML(typ="safe").load(path.read_text()))]
+    assert errors == []
+
+
+@pytest.mark.parametrize("body", [
+    "mode: ipvs\n", "hostnameOverride: '  '\n", "hostnameOverride: 5\n", "bindAddressHardFail: 'maybe'\n",
+    "nodePortAddresses: [primary, 10.0.0.0/8]\n", "nodePortAddresses: 10.0.0.0/8\n",
+    "nftables: {syncPeriod: 30}\n", "nftables: {syncPeriod: -30s}\n", "nftables: {masqueradeAll: 'false'}\n",
+    "nftables: []\n", "conntrack: {maxPerCore: -1}\n", "conntrack: {min: 4294967296}\n",
+    "conntrack: {udpTimeout: 5 minutes}\n", "conntrack: {tcpBeLiberal: 1}\n", "clientConnection: /etc/kc\n",
+    "healthzBindAddress: localhost:10256\n", "metricsBindAddress: 5\n",
+    # what the loader warns about as no field of its place: refused by the schema, which editors flag
+    "sycnPeriod: 30s\n", "nftables: {localhostNodePorts: true}\n", "conntrack: {maxPerCPU: 1}\n",
+    "clientConnection: {kubeConfig: /etc/kc}\n",
+])
+def test_what_the_loader_refuses_or_says_is_no_field_the_config_schema_refuses(tmp_path, caplog, body):
+    from ruamel.yaml import YAML
+    path = tmp_path / "c.yaml"
+    path.write_text(HEAD + body)
+    with caplog.at_level("WARNING"):
+        try:
+            load_kube_proxy_config(str(path), mode="nftables")
+        except InputError:
+            pass
+        else:
+            assert "not a field" in caplog.text
+    assert list(_config_schema().iter_errors(YAML(typ="safe").load(path.read_text())))
+
+
+def test_configz_is_the_answer_its_schema_describes(tmp_path):
+    import jsonschema
+
+    from helpers import REPO
+    with open(f"{REPO}/schemas/http-answers.schema.json") as fh:
+        schema = json.load(fh)
+    validator = jsonschema.Draft202012Validator({**schema, "anyOf": [{"$ref": "#/$defs/configz"}]})
+    path = tmp_path / "c.yaml"
+    path.write_text(CONFIG)
+    for argv in (["run", "--source", "x", "--node-name", "n"],
+                 ["run", "--source", "x", "--config", str(path), "--nodeport-addresses", "primary",
+                  "--conntrack-tcp-timeout-established", "90m"]):
+        body = configz(options_from(build_parser().parse_args(argv)))
+        validator.validate(json.loads(json.dumps(body)))
+    assert not validator.is_valid({"kubeproxy.config.k8s.io": {**body["kubeproxy.config.k8s.io"], "Mode": "ipvs"}})

@@ -8,11 +8,13 @@ fixture makes any socket connect attempt fail to prove it.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import socket
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -414,6 +416,8 @@ def test_configmap_holds_kube_proxy_configuration():
     assert config["conntrack"] == {  # kube-proxy's defaults, spelled out
         "maxPerCore": 32768, "min": 131072, "tcpEstablishedTimeout": "24h0m0s", "tcpCloseWaitTimeout": "1h0m0s",
         "tcpBeLiberal": False, "udpTimeout": "0s", "udpStreamTimeout": "0s"}
+    with open(ROOT / "schemas" / "kube-proxy-config.schema.json") as fh:
+        jsonschema.Draft202012Validator(json.load(fh)).validate(config)
 
 
 def test_configmap_is_read_as_the_defaults(tmp_path, caplog):

@@ -554,3 +554,53 @@ def test_local_addresses_are_listed_once_each_and_only_bindable_ones(monkeypatch
     monkeypatch.setattr(health_mod.subprocess, "run",
                         lambda *a, **kw: subprocess.CompletedProcess(a, 0, stdout=json.dumps(links)))
     assert health_mod.local_addresses(["10.0.0.0/8", "fd00::/64"]) == ["10.9.0.5", "fd00::7"]
+
+
+def answer_schema(kind: str) -> Any:
+    """A validator of one of schemas/http-answers.schema.json's answers."""
+    import json
+
+    import jsonschema
+
+    from helpers import REPO
+    with open(f"{REPO}/schemas/http-answers.schema.json") as fh:
+        schema = json.load(fh)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator({**schema, "anyOf": [{"$ref": f"#/$defs/{kind}"}]})
+
+
+def test_the_health_answers_are_those_their_schema_describes() -> None:
+    clock = FakeClock(1_700_000_000.5)
+    healthz, readyz = answer_schema("healthz"), answer_schema("readyz")
+    h = ProxyHealth(60, clock, node_eligible=lambda: False)
+    bodies = [h.body(with_node=True)[1], h.body(with_node=False)[1]]  # (never updated)
+    readies = [h.ready_body()[1]]
+    h.updated()
+    h.programmed()
+    h.set_input_error("state/web.yaml:12:7: spec.ports[0].port: must be 1-65535")
+    clock.advance(0.25)
+    bodies += [h.body(with_node=True)[1], h.body(with_node=False)[1]]
+    readies.append(h.ready_body()[1])
+    assert {"status", "lastError", "nodeEligible"} <= set(bodies[2]) and "status" not in bodies[0]
+    assert readies[0]["ready"] is False and readies[1]["ready"] is True
+    for body in bodies:
+        healthz.validate(body)
+        assert not readyz.is_valid(body)
+    for body in readies:
+        readyz.validate(body)
+        assert not healthz.is_valid(body)
+    broken = dict(bodies[2], status={"IPv5": bodies[2]["status"]["IPv4"]})
+    assert not healthz.is_valid(broken)  # (the schema tells a wrong answer)
+
+
+def test_a_health_check_node_port_answer_is_the_one_its_schema_describes() -> None:
+    from reconciler.health import _ServiceEntry, service_health_body
+    from reconciler.state import HealthCheck
+    schema = answer_schema("serviceHealth")
+    entry = _ServiceEntry(HealthCheck("shop/web", 32000, 2, (("ipv4", 2), ("ipv6", 0))))
+    for family, healthy in (("ipv4", True), ("ipv6", True), ("ipv4", False)):
+        code, body, headers = service_health_body(entry, healthy, family)  # type: ignore[arg-type]
+        answer = json.loads(body)
+        schema.validate(answer)
+        assert code == (200 if answer["localEndpoints"] and healthy else 503)
+    assert not schema.is_valid(dict(answer, localEndpoints=-1))
