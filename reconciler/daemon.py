@@ -55,6 +55,7 @@ from .health import (
 )
 from .metrics import Metrics, network_programming_latencies, trigger_times
 from .reconcile import Planned, apply, clean_conntrack, make_plan, other_mode_leftovers
+from .sdnotify import Notifier
 from .sources.manifests import may_hold_a_node
 from .sources.objects import (
     SERVICE_KINDS, InputConflict, InputError, InputErrors, Location, SourceObject, SourceUnavailable, in_place_order,
@@ -239,7 +240,8 @@ class Daemon:
 
     def __init__(self, opts: Options, backend: Any, source: Source | None = None, *,
                  clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
-                 health: ProxyHealth | None = None, service_health: ServiceHealthServers | None = None) -> None:
+                 health: ProxyHealth | None = None, service_health: ServiceHealthServers | None = None,
+                 notifier: Notifier | None = None) -> None:
         if opts.sync_period <= 0:
             raise ValueError("--sync-period must be greater than 0")
         if opts.min_sync_period < 0:
@@ -252,6 +254,7 @@ class Daemon:
         self.health = health or ProxyHealth(2 * opts.sync_period, clock, node_eligible=self.node_eligible)
         conntrack.RECONCILER.listeners.append(lambda result: self.metrics.observe_conntrack(result))
         self.service_health = service_health
+        self.notifier = notifier or Notifier({})  # (systemd's: run() passes the one of its environment)
         self.start_wall = clock.time()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -347,12 +350,13 @@ class Daemon:
         self.metrics.last_queued.set(self.clock.time())
         while not stop.is_set():
             self._wake.clear()
+            self.notifier.alive()
             self._poll_source_errors()
             kind, wait = self.due()
             if kind is not None:
                 self.sync(kind)
                 continue
-            self._wake.wait(min(max(wait, 0.0), 5.0))
+            self._wake.wait(min(max(wait, 0.0), 5.0, self.notifier.due_in()))
 
     def _poll_source_errors(self) -> None:
         n = getattr(self.source, "failures", 0)
@@ -713,7 +717,21 @@ class Daemon:
         self.syncs.append(report)
         del self.syncs[:-50]
         self._failed_in_a_row = 0 if report.ok else self._failed_in_a_row + 1
+        self.notifier.synced(self._status_line(report))
         return report
+
+    def _status_line(self, report: SyncReport) -> str:
+        """What a sync leaves the service in, in a line (systemd's STATUS=, see sdnotify)."""
+        shown = self._input.shown[1] if self._input.shown is not None else None
+        if report.no_input:
+            return "no valid input yet, kernel left as it is" + (f": {shown}" if shown else "")
+        if not report.ok:
+            return f"sync failed ({self._failed_in_a_row} in a row): {report.error}"
+        ports = len(self.desired.services) if self.desired is not None else 0
+        line = f"in sync: {ports} service port{'' if ports == 1 else 's'} ({self.opts.mode})"
+        if self._input.source_failing is not None:
+            return f"{line}; source failing, its last state kept: {self._input.source_failing}"
+        return f"{line}; input error, last good state kept: {shown}" if shown else line
 
     def _sync_kernel(self, full: bool, start: float) -> SyncReport:
         kind = "full" if full else "incremental"
@@ -935,7 +953,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
                     "be told from pods' and is not masqueraded (replies may not find their way back)")
     backend = get_backend(opts.mode)
     metrics = Metrics(opts.mode)
-    daemon = Daemon(opts, backend, None, metrics=metrics)
+    daemon = Daemon(opts, backend, None, metrics=metrics, notifier=Notifier())
     hosts: Any = default_hosts() if opts.nodeport_cidrs is None else NodePortHosts(lambda: daemon.desired)
     daemon.service_health = ServiceHealthServers(lambda: daemon.health.healthy, hosts, node=opts.node_name or "")
 
@@ -990,6 +1008,7 @@ def run(args: argparse.Namespace, opts: Options) -> int:
         if not conntrack_sysctls.tune(opts, retry_later=True):  # (nf_conntrack not loaded: our rules load it)
             daemon.after_first_sync = lambda: conntrack_sysctls.tune(opts)
         daemon.run_forever(stop)
+        daemon.notifier.stopping()
         log.info("stopping; kernel state left in place")
         return 1 if config_changed.is_set() else 0
     except (InputError, ValueError, instance_lock.AlreadyRunning) as exc:

@@ -479,7 +479,9 @@ def test_edge_files_exist():
 def test_systemd_unit():
     unit = _parse_unit(EDGE_DIR / "service-reconciler.service")
     svc = "Service"
-    assert _value(unit, svc, "Type") == "simple"
+    assert _value(unit, svc, "Type") == "notify"  # (see reconciler/sdnotify.py)
+    assert _value(unit, svc, "NotifyAccess") == "main"  # (its kernel tools are not heard)
+    assert _value(unit, svc, "WatchdogSec") == "3min"
     assert _value(unit, svc, "Restart") == "always"
     assert _value(unit, svc, "KillSignal") == "SIGTERM"
     assert _value(unit, svc, "KillMode") == "mixed"  # (the sync under way finishes: its nft child is not killed)
