@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -262,13 +263,16 @@ def console() -> None:
         sys.exit(rc)
     logging.shutdown()
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # (None: started with stdout closed)
+            sys.stdout.flush()
     except BrokenPipeError:  # the reader went away: as _main (no complaint)
         rc = EXIT_ERROR
-    try:
+    except OSError as exc:  # (a full disk: the output is incomplete)
+        rc = EXIT_ERROR
+        with contextlib.suppress(Exception):
+            print(f"error: writing the output: {exc}", file=sys.stderr)
+    with contextlib.suppress(Exception):
         sys.stderr.flush()
-    except OSError:
-        pass
     os._exit(rc)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -416,10 +417,20 @@ def test_the_command_ends_a_one_shot_command_with_all_its_output_and_its_exit_co
     assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
     (tmp_path / "few").mkdir()
     _many_services(tmp_path / "few", 1)  # (output that waits in the buffer for the end's flush)
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     with subprocess.Popen([sys.executable, "-m", "reconciler", "render", "--source", str(tmp_path / "few"),
-                           "--node-name", "node-a"], stdout=subprocess.PIPE, stderr=subprocess.PIPE) as reader:
+                           "--node-name", "node-a", "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          env=buffered) as reader:
         assert reader.stdout is not None and reader.stderr is not None
         reader.stdout.close()  # (gone before anything is written)
         err = reader.stderr.read().decode()
         assert reader.wait(timeout=120) == 1
     assert "Traceback" not in err and "Exception ignored" not in err and "BrokenPipe" not in err, err
+    argv = [sys.executable, "-m", "reconciler", "validate", "--source", str(tmp_path / "few"), "--node-name", "node-a"]
+    closed = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=buffered,
+                            timeout=120, preexec_fn=lambda: os.close(1))  # (started with no stdout at all)
+    assert "Traceback" not in closed.stderr, closed.stderr
+    with open("/dev/full", "w") as full:  # (the output's write fails at the end's flush)
+        proc = subprocess.run(argv, stdout=full, stderr=subprocess.PIPE, text=True, env=buffered, timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "error: writing the output: [Errno 28] No space left on device" in proc.stderr
