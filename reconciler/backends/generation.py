@@ -135,6 +135,8 @@ def parse_tables(data: bytes, seq: int, found: set[tuple[int, str]]) -> bool:
             (code,) = struct.unpack_from("=i", data, start)
             raise OSError(-code, os.strerror(-code) if code else "netlink error")
         if kind == NLMSG_DONE:
+            if end - start >= 4 and (code := struct.unpack_from("=i", data, start)[0]) < 0:  # (a dump failed midway)
+                raise OSError(-code, os.strerror(-code))
             return True
         if kind == NEWTABLE:
             family = data[start]  # (nfgenmsg.nfgen_family)

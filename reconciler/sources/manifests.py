@@ -441,8 +441,11 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     result.warnings += [linked_dir_warning(d) for d in linked]
     chunks: dict[int, Future[list[list[Any] | None]]] = {}
     if pool is not None and len(files) >= PARALLEL_MIN_FILES:
-        for start in reversed(range(len(files) // 2, len(files), PARALLEL_CHUNK)):
-            chunks[start] = pool.submit(parse_files, files[start:start + PARALLEL_CHUNK])
+        try:
+            for start in reversed(range(len(files) // 2, len(files), PARALLEL_CHUNK)):
+                chunks[start] = pool.submit(parse_files, files[start:start + PARALLEL_CHUNK])
+        except RuntimeError as exc:  # (the worker died, BrokenProcessPool, or the pool is shut: parsed here)
+            log.debug("parsing every manifest here: %s", exc)
     parsed: dict[str, list[Any] | None] = {}
     for i, path in enumerate(files):
         if i in chunks:

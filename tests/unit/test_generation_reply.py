@@ -102,3 +102,7 @@ def test_an_interrupted_or_failed_dump_of_the_tables_is_an_oserror() -> None:
     assert exc.value.errno == errno.EINVAL
     with pytest.raises(ValueError):
         parse_tables(TABLES_9[:-8], 9, set())  # (cut short)
+    failed_done = DONE_9[:16] + struct.pack("=i", -errno.ENOBUFS)  # (an NLMSG_DONE with the dump's error)
+    with pytest.raises(OSError) as exc:
+        parse_tables(failed_done, 9, set())
+    assert exc.value.errno == errno.ENOBUFS

@@ -166,8 +166,14 @@ def test_parsing_falls_back_here_when_the_workers_fail(tmp_path, monkeypatch):
             f.set_exception(RuntimeError("worker died"))
             return f
 
+    class Gone:  # (the worker died before anything was given to it)
+        def submit(self, *args):
+            from concurrent.futures.process import BrokenProcessPool
+            raise BrokenProcessPool("A child process terminated abruptly")
+
     monkeypatch.setattr(manifests, "PARALLEL_MIN_FILES", 8)
     monkeypatch.setattr(manifests, "PARALLEL_CHUNK", 7)
     _many(tmp_path, 30)
     os.remove(tmp_path / "d1" / "s040.yaml")
     assert _loaded(tmp_path, Dead()) == _loaded(tmp_path)
+    assert _loaded(tmp_path, Gone()) == _loaded(tmp_path)
