@@ -11,7 +11,7 @@ from typing import Any, Callable
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
-from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, ip_family, normalize_ip
+from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, _read_ip, ip_family, normalize_ip
 from .fields import did_you_mean
 from .sources.objects import InputError, InputWarning, Location, type_name, undecodable_at
 
@@ -22,7 +22,7 @@ API_VERSION, KIND = "kubeproxy.config.k8s.io/v1alpha1", "KubeProxyConfiguration"
 SYNC_PERIOD, MIN_SYNC_PERIOD = 30.0, 1.0  # kube-proxy's defaults
 HEALTHZ_PORT, METRICS_PORT = 10256, 10249
 PRIMARY_WITH_CIDRS = "can't use both 'primary' and CIDRs"
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)")  # (ASCII digits, as Go's)
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
@@ -258,12 +258,13 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     if file_mode:
         out["mode"] = file_mode
     elif not mode:
-        log.warning("%s", InputWarning(where("mode"), "mode is not set: kube-proxy runs iptables then, "
+        log.warning("%s", InputWarning(where("mode"), "not set: kube-proxy runs iptables then, "
                                        "service-reconciler nftables (and reads nftables:); set mode: iptables to "
-                                       "keep iptables"))
+                                       "keep iptables", ("mode",)))
     section = mode or file_mode or "nftables"
-    if doc.get("clusterCIDR"):
-        out["cluster_cidrs"] = _checked(where, ("clusterCIDR",), parse_cidrs, str(doc["clusterCIDR"]))
+    cluster_cidr = _string(doc, where, "clusterCIDR")  # (a number, a list: refused, as kube-proxy's decoder does)
+    if cluster_cidr:
+        out["cluster_cidrs"] = _checked(where, ("clusterCIDR",), parse_cidrs, cluster_cidr)
     nodeport_cidrs = _nodeport_addresses(doc, where)
     if nodeport_cidrs is not None:
         out["nodeport_cidrs"] = nodeport_cidrs
@@ -332,9 +333,9 @@ def _string(doc: dict[str, Any], where: Where, *keys: str) -> str | None:
 def _nodeport_addresses(doc: dict[str, Any], where: Where) -> tuple[str, ...] | None:
     """nodePortAddresses: CIDRs, or [primary] (this node's IPs); null or []: every local address."""
     items = doc.get("nodePortAddresses")
-    if not items:
+    if items is None or items == []:
         return None
-    if not isinstance(items, list):
+    if not isinstance(items, list):  # ("", 0, a mapping: refused, as kube-proxy's decoder does)
         raise InputError(where("nodePortAddresses"), "expected a list of CIDRs, or [primary]", ("nodePortAddresses",))
     if items == [NODEPORT_PRIMARY]:
         return (NODEPORT_PRIMARY,)
@@ -382,9 +383,12 @@ def _bind_addresses(doc: dict[str, Any], where: Where) -> dict[str, Any]:
     family of their defaults (an IPv6 one: [::]:10256, [::1]:10249) and, when it is no unspecified
     address, is this node's IP of its family, as kube-proxy takes it (over the Node's)."""
     bind = doc.get("bindAddress")
-    ip = "0.0.0.0" if bind in (None, "") else normalize_ip(bind)
-    if ip is None:
+    read = ("0.0.0.0", "") if bind in (None, "") else _read_ip(bind) if isinstance(bind, str) else None
+    if read is None:
         raise InputError(where("bindAddress"), f"invalid IP address {bind!r}", ("bindAddress",))
+    ip = read[0]
+    if read[1]:  # (a loose spelling, read as kube-proxy reads it)
+        _warn(ConfigPlace(where("bindAddress"), ("bindAddress",)), f"{bind!r} is read as {ip} ({read[1]})")
     out: dict[str, Any] = {"bind_address": ip}
     if ip not in ("0.0.0.0", "::"):
         out["node_ip_override"] = ip
@@ -505,23 +509,23 @@ def _warn_unsupported(doc: dict[str, Any], where: Where, section: str) -> None:
     here (silently ignoring them would program something else than the file asks for)."""
     for key in MODE_SECTION_ONLY:
         if key in doc:
-            log.warning("%s", InputWarning(where(key), f"{key} is not a KubeProxyConfiguration field at the top "
+            log.warning("%s", InputWarning(where(key), "not a KubeProxyConfiguration field at the top "
                                            "level: kube-proxy ignores it, and so does service-reconciler (set it "
-                                           f"under {section}:)"))
+                                           f"under {section}:)", (key,)))
     for key, why in IGNORED.items():
         if _set(doc.get(key)):
-            log.warning("%s", InputWarning(where(key), f"{key} is not used: {why}"))
+            log.warning("%s", InputWarning(where(key), f"not used: {why}", (key,)))
     detect = doc.get("detectLocalMode")
     if detect and detect != "ClusterCIDR":
-        log.warning("%s", InputWarning(where("detectLocalMode"), f"detectLocalMode {detect} is not supported: pod "
+        log.warning("%s", InputWarning(where("detectLocalMode"), f"{detect} is not supported: pod "
                                        "traffic is told by clusterCIDR (--cluster-cidr) only; without it nothing is "
-                                       "treated as local pod traffic"))
+                                       "treated as local pod traffic", ("detectLocalMode",)))
     for mode in MODES:  # (both: --mode may pick the other one)
         section = doc.get(mode)
         bit = section.get("masqueradeBit") if isinstance(section, dict) else None
         if bit is not None and bit != 14:
-            log.warning("%s", InputWarning(where(mode, "masqueradeBit"), f"masqueradeBit {bit} is not supported: "
-                                           "the masquerade mark is bit 14 (0x4000)"))
+            log.warning("%s", InputWarning(where(mode, "masqueradeBit"), f"{bit} is not supported: "
+                                           "the masquerade mark is bit 14 (0x4000)", (mode, "masqueradeBit")))
 
 
 def merge(base: Options, overrides: dict[str, Any]) -> Options:

@@ -101,7 +101,9 @@ _TYPE_NAMES = {int: "integer", str: "string", list: "list", dict: "mapping", boo
 
 def type_name(kind: type) -> str:
     """A value's type as the input speaks of it: 'integer', 'mapping', ... (not Python's names)."""
-    return _TYPE_NAMES.get(kind, kind.__name__)
+    # (the first of its classes with a name: ruamel's round-trip loader, which reads the --config
+    # file, makes subclasses, CommentedSeq of list, ScalarInt of int)
+    return next((_TYPE_NAMES[k] for k in kind.__mro__ if k in _TYPE_NAMES), kind.__name__)
 
 
 def undecodable_at(path: str, raw: bytes, exc: UnicodeDecodeError) -> Location:

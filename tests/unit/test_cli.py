@@ -164,7 +164,8 @@ def test_config_file_warnings_carry_their_place_in_json_in_line_order(
                  "-o", "json"]) == 0
     warnings = json.loads(capsys.readouterr().out)["warnings"]
     assert [(w["file"], w["line"]) for w in warnings] == [(str(config), n) for n in (1, 3, 5, 6, 7, 8, 9, 10, 11)]
-    assert warnings[0]["message"].startswith("mode is not set")
+    assert warnings[0]["message"].startswith("not set") and warnings[0]["field"] == "mode"
+    assert all(w.get("field") for w in warnings)  # (each names its field)
     # (a value's spelling too: its place, field and column, not only in the message)
     assert [(w["column"], w["field"], w["message"].split(" ")[0]) for w in warnings[-3:]] == [
         (1, "clusterCIDR", "'010.244.0.0/16'"), (33, "nodePortAddresses[1]", "'192.168.001.0/24'"),

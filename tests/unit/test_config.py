@@ -118,13 +118,13 @@ def test_settings_not_honoured_are_warned_about(tmp_path, caplog):
                     + "  masqueradeBit: 12\n")
     with caplog.at_level("WARNING"):
         load_kube_proxy_config(str(path))
-    assert f"{path}:4:1: detectLocalMode NodeCIDR is not supported" in caplog.text
-    assert f"{path}:13:3: masqueradeBit 12 is not supported" in caplog.text
+    assert f"{path}:4:1: detectLocalMode: NodeCIDR is not supported" in caplog.text
+    assert f"{path}:13:3: iptables.masqueradeBit: 12 is not supported" in caplog.text
     caplog.clear()
     path.write_text(CONFIG + "nftables:\n  masqueradeBit: 10\n")  # the other mode's section: --mode may pick it
     with caplog.at_level("WARNING"):
         load_kube_proxy_config(str(path))
-    assert f"{path}:13:3: masqueradeBit 10 is not supported" in caplog.text
+    assert f"{path}:13:3: nftables.masqueradeBit: 10 is not supported" in caplog.text
     caplog.clear()
     path.write_text(CONFIG.replace("mode: iptables\n", "mode: iptables\ndetectLocalMode: ClusterCIDR\n")
                     + "  masqueradeBit: 14\n")  # what is honoured: no warning
@@ -190,20 +190,20 @@ def test_the_section_read_is_that_of_the_mode_run(tmp_path, caplog):
     assert read("mode: iptables\n" + SECTIONS, "--mode", "nftables") == ("nftables", False, 30, 2)
     with caplog.at_level("WARNING"):  # kube-proxy's default mode is iptables, ours nftables: said so
         assert read('mode: ""\n' + SECTIONS) == ("nftables", False, 30, 2)
-    assert "kp.yaml:1:1: mode is not set: kube-proxy runs iptables then, service-reconciler nftables" in caplog.text
+    assert "kp.yaml:1:1: mode: not set: kube-proxy runs iptables then, service-reconciler nftables" in caplog.text
     caplog.clear()
     with caplog.at_level("WARNING"):
         assert read(SECTIONS, "--mode", "iptables") == ("iptables", True, 45, 1)
-    assert "mode is not set" not in caplog.text
+    assert "mode: not set" not in caplog.text
 
 
 def test_top_level_periods_and_masquerade_all_are_ignored_as_kube_proxy_does(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         opts = run_options(tmp_path, HEAD + "mode: nftables\nmasqueradeAll: true\nsyncPeriod: 45s\n")
     assert (opts.masquerade_all, opts.sync_period) == (False, 30)
-    assert ("kp.yaml:4:1: masqueradeAll is not a KubeProxyConfiguration field at the top level: kube-proxy ignores "
+    assert ("kp.yaml:4:1: masqueradeAll: not a KubeProxyConfiguration field at the top level: kube-proxy ignores "
             "it, and so does service-reconciler (set it under nftables:)") in caplog.text
-    assert "kp.yaml:5:1: syncPeriod is not a KubeProxyConfiguration field at the top level" in caplog.text
+    assert "kp.yaml:5:1: syncPeriod: not a KubeProxyConfiguration field at the top level" in caplog.text
 
 
 @pytest.mark.parametrize("lines,healthz,metrics", [
@@ -292,18 +292,21 @@ def test_fields_not_used_are_warned_about_once_with_their_line(tmp_path, caplog)
     with caplog.at_level("WARNING"):
         run_options(tmp_path, text)
     for where, key in ((5, "configSyncPeriod"), (6, "featureGates"), (7, "logging"), (13, "oomScoreAdj")):
-        assert caplog.text.count(f"kp.yaml:{where}:1: {key} is not used") == 1, key
+        assert caplog.text.count(f"kp.yaml:{where}:1: {key}: not used") == 1, key
     assert "bindAddress" not in caplog.text  # (used: this node's IP of its family, see below)
 
 
 @pytest.mark.parametrize("value,override", [("10.0.0.5", "10.0.0.5"), ("'010.000.000.005'", "10.0.0.5"),
                                             ("fd00::5", "fd00::5"), ("0.0.0.0", None), ("'::'", None), ("''", None)])
-def test_bind_address_is_this_nodes_ip_of_its_family(tmp_path, value, override):
+def test_bind_address_is_this_nodes_ip_of_its_family(tmp_path, caplog, value, override):
     """As kube-proxy's detectNodeIPs: a bindAddress that is no unspecified address overrides the
     node IP of its family (nodePortAddresses [primary], the loadBalancerSourceRanges exception)."""
-    opts = run_options(tmp_path, HEAD + f"bindAddress: {value}\n")
+    with caplog.at_level("WARNING"):
+        opts = run_options(tmp_path, HEAD + f"bindAddress: {value}\n")
     assert opts.node_ip_override == override
     assert opts.build_options().node_ip_override == override
+    # a loose spelling is read as kube-proxy reads it, with a warning at its place
+    assert ("kp.yaml:3:1: bindAddress: '010.000.000.005' is read as 10.0.0.5" in caplog.text) == value.startswith("'010")
 
 
 @pytest.mark.parametrize("text,message", [
@@ -315,6 +318,12 @@ def test_bind_address_is_this_nodes_ip_of_its_family(tmp_path, value, override):
      "2:1: apiVersion: expected kubeproxy.config.k8s.io/v1alpha1, got 'kubeproxy.config.k8s.io/v1beta1'"),
     ("apiVersion: kubeproxy.config.k8s.io/v1alpha1\n", "1:1: kind: is required (KubeProxyConfiguration)"),
     ("kind: KubeProxyConfiguration\nmode: nftables\n", "1:1: apiVersion: is required (kubeproxy.config.k8s.io/v1alpha1)"),
+    # of the wrong type, however empty (kube-proxy's decoder refuses them; they were read as unset)
+    (HEAD + "nodePortAddresses: ''\n", "3:1: nodePortAddresses: expected a list of CIDRs, or [primary]"),
+    (HEAD + "nodePortAddresses: {}\n", "3:1: nodePortAddresses: expected a list of CIDRs, or [primary]"),
+    (HEAD + "clusterCIDR: 0\n", "3:1: clusterCIDR: expected string, got integer"),
+    (HEAD + "clusterCIDR: []\n", "3:1: clusterCIDR: expected string, got list"),
+    (HEAD + "nftables: {syncPeriod: \"\uff13\uff10s\"}\n", "3:12: nftables.syncPeriod: invalid duration"),  # (３０s: Go's digits are ASCII)
 ])
 def test_what_kube_proxy_refuses_is_refused_with_file_and_line(tmp_path, text, message):
     path = tmp_path / "kp.yaml"
@@ -557,6 +566,7 @@ HEAD = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfigurati
     "conntrack: {maxPerCore: 0, min: 131072, tcpEstablishedTimeout: 24h0m0s, tcpBeLiberal: true, udpTimeout: 0s}\n",
     "clientConnection: {kubeconfig: /etc/kubeconfig, qps: 5}\nhostnameOverride: ''\nfeatureGates: {}\n",
     "conntrack:\nnftables:\nclusterCIDR:\nipvs: {scheduler: rr}\ndetectLocalMode: ClusterCIDR\n",
+    "nftables: {syncPeriod: -0s, minSyncPeriod: '0'}\nbindAddress: fd00::5\nhealthzBindAddress: '[fd00::5]:10256'\n",
 ])
 def test_what_the_loader_takes_without_a_word_the_config_schema_takes(tmp_path, caplog, body):
     from ruamel.yaml import YAML
@@ -575,7 +585,8 @@ def test_what_the_loader_takes_without_a_word_the_config_schema_takes(tmp_path, 
     "nftables: {syncPeriod: 30}\n", "nftables: {syncPeriod: -30s}\n", "nftables: {masqueradeAll: 'false'}\n",
     "nftables: []\n", "conntrack: {maxPerCore: -1}\n", "conntrack: {min: 4294967296}\n",
     "conntrack: {udpTimeout: 5 minutes}\n", "conntrack: {tcpBeLiberal: 1}\n", "clientConnection: /etc/kc\n",
-    "healthzBindAddress: localhost:10256\n", "metricsBindAddress: 5\n",
+    "healthzBindAddress: localhost:10256\n", "metricsBindAddress: 5\n", "healthzBindAddress: '[::1]'\n",
+    "bindAddress: 10.0.0.1:80\n", "nodePortAddresses: [10.0.0.1]\n", "clusterCIDR: 0\n", "nodePortAddresses: ''\n",
     # what the loader warns about as no field of its place: refused by the schema, which editors flag
     "sycnPeriod: 30s\n", "nftables: {localhostNodePorts: true}\n", "conntrack: {maxPerCPU: 1}\n",
     "clientConnection: {kubeConfig: /etc/kc}\n",
