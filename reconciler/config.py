@@ -283,6 +283,7 @@ def load_kube_proxy_config(path: str, mode: str | None = None) -> dict[str, Any]
     out.update(_mode_section(doc, where, section))
     out.update(_bind_addresses(doc, where))
     out.update(_conntrack(doc, where))
+    _check_unread(doc, where, section)
     _warn_unsupported(doc, where, section)
     _warn_unknown_keys(doc, where)
     return out
@@ -495,6 +496,50 @@ def _warn_unknown_keys(doc: dict[str, Any], where: Where) -> None:
     for name, known in SECTION_FIELDS.items():
         if isinstance(doc.get(name), dict):
             check(doc[name], known, name)
+
+
+# What kube-proxy's decoder takes in the fields not read here (and in the mode section not run):
+# a value of another type stops kube-proxy before it starts, so it is refused here too.
+_UNREAD_TYPES: dict[tuple[str, ...], str] = {
+    ("enableProfiling",): "boolean", ("windowsRunAsService",): "boolean", ("showHiddenMetricsForVersion",): "string",
+    ("portRange",): "string", ("detectLocalMode",): "string", ("configSyncPeriod",): "duration",
+    ("oomScoreAdj",): "integer", ("featureGates",): "mapping", ("logging",): "mapping", ("ipvs",): "mapping",
+    ("winkernel",): "mapping", ("detectLocal",): "mapping", ("clientConnection", "qps"): "number",
+    ("clientConnection", "burst"): "integer", ("clientConnection", "contentType"): "string",
+    ("clientConnection", "acceptContentTypes"): "string", ("iptables", "localhostNodePorts"): "boolean",
+    **{(mode, key): kind for mode in MODES for key, kind in (
+        ("masqueradeAll", "boolean"), ("masqueradeBit", "integer"), ("syncPeriod", "duration"),
+        ("minSyncPeriod", "duration"))},
+}
+
+
+def _check_unread(doc: dict[str, Any], where: Where, section: str) -> None:
+    """The types of the values the loader does not otherwise read (the fields not used here, the
+    mode section not run), as kube-proxy's decoder checks them; null is unset."""
+    for mode in MODES:
+        if mode != section and doc.get(mode) is not None and not isinstance(doc[mode], dict):
+            raise InputError(where(mode), "expected a mapping", (mode,))
+    for keys, kind in _UNREAD_TYPES.items():
+        value: Any = doc
+        for k in keys:
+            value = value.get(k) if isinstance(value, dict) else None
+        if value is None or (keys[0] == section and len(keys) > 1 and keys[1] != "masqueradeBit"):
+            continue  # (unset; or read by _mode_section)
+        if kind == "boolean":
+            _bool(doc, where, *keys)
+            continue
+        if kind == "duration" and isinstance(value, str):
+            try:
+                parse_duration(value.strip().removeprefix("-"))
+            except ValueError:
+                raise InputError(where(*keys), f"invalid duration {value!r} (examples: 30s, 200ms, 1m)", keys) from None
+            continue
+        ok = {"string": str, "mapping": dict, "integer": int, "number": (int, float)}.get(kind, str)
+        if kind == "duration" and value == 0:  # (what a zero reads as: unset)
+            continue
+        if isinstance(value, bool) or not isinstance(value, ok):
+            raise InputError(where(*keys), f"expected {'a duration' if kind == 'duration' else kind}, got "
+                             f"{type_name(type(value))}", keys)
 
 
 def _set(value: Any) -> bool:

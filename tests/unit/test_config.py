@@ -567,6 +567,9 @@ HEAD = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfigurati
     "clientConnection: {kubeconfig: /etc/kubeconfig, qps: 5}\nhostnameOverride: ''\nfeatureGates: {}\n",
     "conntrack:\nnftables:\nclusterCIDR:\nipvs: {scheduler: rr}\ndetectLocalMode: ClusterCIDR\n",
     "nftables: {syncPeriod: -0s, minSyncPeriod: '0'}\nbindAddress: fd00::5\nhealthzBindAddress: '[fd00::5]:10256'\n",
+    "iptables: {syncPeriod: 1m, minSyncPeriod: 2m, masqueradeBit: 14, localhostNodePorts: false}\n"  # (not run: types only)
+    "enableProfiling: false\nclientConnection: {qps: 5.5, burst: 10, contentType: application/json}\n"
+    "winkernel: {}\ndetectLocal: {bridgeInterface: ''}\noomScoreAdj: -999\nconfigSyncPeriod: 15m\nportRange: ''\n",
 ])
 def test_what_the_loader_takes_without_a_word_the_config_schema_takes(tmp_path, caplog, body):
     from ruamel.yaml import YAML
@@ -587,6 +590,11 @@ def test_what_the_loader_takes_without_a_word_the_config_schema_takes(tmp_path, 
     "conntrack: {udpTimeout: 5 minutes}\n", "conntrack: {tcpBeLiberal: 1}\n", "clientConnection: /etc/kc\n",
     "healthzBindAddress: localhost:10256\n", "metricsBindAddress: 5\n", "healthzBindAddress: '[::1]'\n",
     "bindAddress: 10.0.0.1:80\n", "nodePortAddresses: [10.0.0.1]\n", "clusterCIDR: 0\n", "nodePortAddresses: ''\n",
+    # the fields not used here, the section of the mode not run: their types, as kube-proxy's decoder has them
+    "enableProfiling: 'true'\n", "clientConnection: {qps: '5'}\n", "clientConnection: {burst: 1.5}\n",
+    "ipvs: x\n", "featureGates: []\n", "oomScoreAdj: '0'\n", "detectLocalMode: false\n", "configSyncPeriod: 5\n",
+    "iptables: {syncPeriod: 30}\n", "iptables: foo\n", "iptables: {masqueradeAll: 'true'}\n",
+    "iptables: {localhostNodePorts: 'true'}\n", "nftables: {masqueradeBit: '14'}\n", "configSyncPeriod: 1 day\n",
     # what the loader warns about as no field of its place: refused by the schema, which editors flag
     "sycnPeriod: 30s\n", "nftables: {localhostNodePorts: true}\n", "conntrack: {maxPerCPU: 1}\n",
     "clientConnection: {kubeConfig: /etc/kc}\n",
