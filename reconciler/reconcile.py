@@ -27,11 +27,12 @@ from .state import DesiredState, Family
 log = logging.getLogger(__name__)
 
 
-def load_desired(source: str, options: Options, pool: Executor | None = None) -> DesiredState:
+def load_desired(source: str, options: Options, pool: Executor | None = None,
+                 after: Future[Any] | None = None) -> DesiredState:
     """Read a manifest directory into the canonical document (raises InputError(s)); a process
-    pool, when given, parses part of the files."""
+    pool, when given, parses part of the files once `after` is done (see load_directory)."""
     try:
-        loaded = load_directory(source, pool)
+        loaded = load_directory(source, pool, after)
     except InputErrors as exc:  # the objects that did load are checked too: all errors at once
         partial = getattr(exc, "loaded", None)
         if partial is not None:
@@ -184,7 +185,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
     with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
         other = side.submit(other_mode_leftovers, backend.mode, True)
         try:
-            desired = load_desired(source, options, pool)
+            desired = load_desired(source, options, pool, observed if pool is not None else None)
             want = backend.render(desired)  # while the kernel is still being read
             backend.before_diff(want)
         except BaseException:

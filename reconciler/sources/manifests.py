@@ -422,17 +422,20 @@ def _collect(path: str, locator: _FileLocator, doc_index: int, item_path: Path, 
     result.objects.append(SourceObject(kind, namespace, meta["name"], obj, Location(path), locate))
 
 
-def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -> LoadResult:
+def load_directory(root: str | os.PathLike[str], pool: Executor | None = None,
+                   after: Future[Any] | None = None) -> LoadResult:
     """Load every manifest under root; collects all syntax errors and rejects duplicates.
 
     With `pool` (the one-shot commands' process pool, see reconcile.plan_against_kernel) and many
     files, the pool's worker parses the second half of the files, chunk by chunk from the end,
-    once it is idle, while this process parses from the start and itself parses every chunk not
-    done by the time it gets there (it never waits). Reading and parsing 10k files takes ~1.2 s
-    on one core with the cyclic GC off as one-shot commands run (yaml-rs; ~2.6 s with libyaml's
-    events). The worker reads the kernel first: a short read (an empty kernel, a cold apply)
-    leaves it most of the half to parse; a long one (a no-op plan at 10k services) leaves it
-    none, and its core to the kernel tool, which a second worker parsing at once would share.
+    while this process parses from the start and itself parses every chunk not done by the time
+    it gets there (it never waits). Reading and parsing 10k files takes ~1.2 s on one core with
+    the cyclic GC off as one-shot commands run (yaml-rs; ~2.6 s with libyaml's events). The
+    worker reads the kernel first (`after`: the chunks are given to it once that is done, only
+    those this process has not reached): a short read (an empty kernel, a cold apply) leaves it
+    most of the half to parse; a long one (a no-op plan at 10k services) none, and its core to
+    the kernel tool, which a second worker parsing at once would share, and no chunk queued for
+    nothing behind it.
     """
     result = LoadResult()
     errors: list[InputError] = []
@@ -440,14 +443,23 @@ def load_directory(root: str | os.PathLike[str], pool: Executor | None = None) -
     files = manifest_files(root, linked)
     result.warnings += [linked_dir_warning(d) for d in linked]
     chunks: dict[int, Future[list[list[Any] | None]]] = {}
-    if pool is not None and len(files) >= PARALLEL_MIN_FILES:
+    to_give = (list(reversed(range(len(files) // 2, len(files), PARALLEL_CHUNK)))
+               if pool is not None and len(files) >= PARALLEL_MIN_FILES else [])
+
+    def give(reached: int) -> None:  # (the chunks this process has not reached, to the idle worker)
+        assert pool is not None
         try:
-            for start in reversed(range(len(files) // 2, len(files), PARALLEL_CHUNK)):
-                chunks[start] = pool.submit(parse_files, files[start:start + PARALLEL_CHUNK])
+            for start in to_give:
+                if start > reached:
+                    chunks[start] = pool.submit(parse_files, files[start:start + PARALLEL_CHUNK])
         except RuntimeError as exc:  # (the worker died, BrokenProcessPool, or the pool is shut: parsed here)
             log.debug("parsing every manifest here: %s", exc)
+        to_give.clear()
+
     parsed: dict[str, list[Any] | None] = {}
     for i, path in enumerate(files):
+        if to_give and (after is None or (i % 32 == 0 and after.done())):
+            give(i)
         if i in chunks:
             parsed = {}
             if chunks[i].done() and not chunks[i].cancelled() and chunks[i].exception() is None:

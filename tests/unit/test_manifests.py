@@ -177,3 +177,45 @@ def test_parsing_falls_back_here_when_the_workers_fail(tmp_path, monkeypatch):
     os.remove(tmp_path / "d1" / "s040.yaml")
     assert _loaded(tmp_path, Dead()) == _loaded(tmp_path)
     assert _loaded(tmp_path, Gone()) == _loaded(tmp_path)
+
+
+def test_the_worker_is_given_chunks_only_once_its_kernel_read_is_done_and_only_those_not_reached(
+        tmp_path, monkeypatch):
+    """A chunk queued behind a long kernel read would be parsed for nothing (this process gets
+    there first) and waited for at the end: chunks are given once the read (`after`) is done,
+    and only those ahead of where this process is."""
+    from concurrent.futures import Future
+
+    from reconciler.sources import manifests
+
+    class Recording:
+        def __init__(self) -> None:
+            self.given: list[int] = []
+
+        def submit(self, fn, paths):
+            self.given.append(files.index(paths[0]))
+            return Future()  # (never done: parsed here)
+
+    monkeypatch.setattr(manifests, "PARALLEL_MIN_FILES", 8)
+    monkeypatch.setattr(manifests, "PARALLEL_CHUNK", 7)
+    _many(tmp_path, 70)
+    os.remove(tmp_path / "d1" / "s040.yaml")
+    files = manifests.manifest_files(tmp_path)
+    read: Future = Future()
+    real, seen = manifests.load_file, []
+
+    def loading(path, docs=None, **kw):
+        seen.append(path)
+        if len(seen) == 20:
+            read.set_result("model")  # (the kernel read ends while the 20th file loads)
+        return real(path, docs, **kw)
+
+    monkeypatch.setattr(manifests, "load_file", loading)
+    pool = Recording()
+    result = manifests.load_directory(tmp_path, pool, read)
+    assert len(result.objects) == len(files) == 71
+    half = len(files) // 2
+    assert pool.given == [s for s in reversed(range(half, len(files), 7)) if s > 32]  # (looked at every 32 files)
+    pool, read = Recording(), Future()
+    manifests.load_directory(tmp_path, pool, read)  # (a read that outlasts the loading: nothing given)
+    assert pool.given == []
