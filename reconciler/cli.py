@@ -203,8 +203,8 @@ def options_from(args: argparse.Namespace) -> Options:
                  "conntrack_tcp_be_liberal", "conntrack_sysctl_dir"):
         flags[name] = getattr(args, name, None)
     for name, port in (("healthz_bind_address", HEALTHZ_PORT), ("metrics_bind_address", METRICS_PORT)):
-        if flags[name] and normalize_ip(flags[name].strip()) is not None:  # a bare IP: its default
-            flags[name] = bind_address(flags[name], port)  # port, as kube-proxy's flag takes it
+        if flags[name] and normalize_ip(flags[name].strip()) is not None:  # a bare IP: its default port,
+            flags[name] = bind_address(flags[name], port, f"--{name.replace('_', '-')}")  # as kube-proxy's flag
     for flag, metavar, _ in CONNTRACK_FLAGS:
         name = flag[2:].replace("-", "_")
         value = getattr(args, name, None)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError
 
-from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, _read_ip, ip_family, normalize_ip
+from .desired import NODEPORT_PRIMARY, BuildOptions, _read_cidr, _read_ip, ip_family
 from .fields import did_you_mean
 from .sources.objects import InputError, InputWarning, Location, type_name, undecodable_at
 
@@ -106,23 +106,28 @@ def parse_nodeport_addresses(text: str, what: What) -> tuple[str, ...]:
     return tuple(read_cidr(p, what) for p in items)
 
 
-def bind_address(value: Any, default_port: int) -> str:
+def bind_address(value: Any, default_port: int, what: What | None = None) -> str:
     """healthzBindAddress / metricsBindAddress as kube-proxy reads them: a bare IP gets the default
-    port (AppendPortIfNeeded), then IP:port with a port 1-65535 (validateHostPort)."""
+    port (AppendPortIfNeeded), then IP:port with a port 1-65535 (validateHostPort); an IP in a
+    loose spelling is warned about under `what`."""
     text = value.strip() if isinstance(value, str) else ""
-    host, port = normalize_ip(text), str(default_port)
-    if host is None:  # IP:port or [IPv6]:port, as net.SplitHostPort
+    read, port = _read_ip(text), str(default_port)
+    if read is None:  # IP:port or [IPv6]:port, as net.SplitHostPort
         host_text, _, port = text.rpartition(":")
         if host_text.startswith("[") and host_text.endswith("]"):
             host_text = host_text[1:-1]
         elif ":" in host_text:
             host_text = ""  # (an IPv6 address needs brackets)
-        host = normalize_ip(host_text)
-        if host is None:
+        read = _read_ip(host_text)
+        if read is None:
             raise ValueError(f"expected IP:port or an IP (port {default_port}), got {value!r}")
         if not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
             raise ValueError(f"port must be 1-65535, got {value!r}")
-    return f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+    host = read[0]
+    address = f"[{host}]:{int(port)}" if ":" in host else f"{host}:{int(port)}"
+    if read[1] and what is not None:
+        _warn(what, f"{value!r} is read as {address} ({read[1]})")
+    return address
 
 
 @dataclass
@@ -399,7 +404,7 @@ def _bind_addresses(doc: dict[str, Any], where: Where) -> dict[str, Any]:
         value = doc.get(key)
         if value not in (None, ""):
             try:
-                out[attr] = bind_address(value, port)
+                out[attr] = bind_address(value, port, ConfigPlace(where(key), (key,)))
             except ValueError as exc:
                 raise InputError(where(key), str(exc), (key,)) from None
         elif ":" in ip:

@@ -628,3 +628,21 @@ def test_configz_is_the_answer_its_schema_describes(tmp_path):
         body = configz(options_from(build_parser().parse_args(argv)))
         validator.validate(json.loads(json.dumps(body)))
     assert not validator.is_valid({"kubeproxy.config.k8s.io": {**body["kubeproxy.config.k8s.io"], "Mode": "ipvs"}})
+
+
+def test_a_loose_spelling_of_a_bind_address_is_read_as_kube_proxy_reads_it_with_a_warning(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        opts = run_options(tmp_path, HEAD + "healthzBindAddress: 010.0.0.5:10256\nmetricsBindAddress: '::ffff:127.0.0.1'\n")
+    assert (opts.healthz_bind_address, opts.metrics_bind_address) == ("10.0.0.5:10256", "127.0.0.1:10249")
+    assert "kp.yaml:3:1: healthzBindAddress: '010.0.0.5:10256' is read as 10.0.0.5:10256" in caplog.text
+    assert "kp.yaml:4:1: metricsBindAddress: '::ffff:127.0.0.1' is read as 127.0.0.1:10249" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        opts = options_from(build_parser().parse_args(["run", "--source", "x", "--node-name", "n",
+                                                       "--healthz-bind-address", "010.0.0.5"]))
+    assert opts.healthz_bind_address == "10.0.0.5:10256"
+    assert "--healthz-bind-address: '010.0.0.5' is read as 10.0.0.5:10256" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        run_options(tmp_path, HEAD + "healthzBindAddress: 10.0.0.5:10256\nmetricsBindAddress: 127.0.0.1\n")
+    assert "is read as" not in caplog.text  # (the usual spellings: nothing to say)
