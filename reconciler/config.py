@@ -540,7 +540,7 @@ def _check_unread(doc: dict[str, Any], where: Where, section: str) -> None:
                 raise InputError(where(*keys), f"invalid duration {value!r} (examples: 30s, 200ms, 1m)", keys) from None
             continue
         ok = {"string": str, "mapping": dict, "integer": int, "number": (int, float)}.get(kind, str)
-        if kind == "duration" and value == 0:  # (what a zero reads as: unset)
+        if kind == "duration" and type(value) is int and value == 0:  # (what a zero reads as: unset; not false)
             continue
         if isinstance(value, bool) or not isinstance(value, ok):
             raise InputError(where(*keys), f"expected {'a duration' if kind == 'duration' else kind}, got "

@@ -595,6 +595,7 @@ def test_what_the_loader_takes_without_a_word_the_config_schema_takes(tmp_path, 
     "ipvs: x\n", "featureGates: []\n", "oomScoreAdj: '0'\n", "detectLocalMode: false\n", "configSyncPeriod: 5\n",
     "iptables: {syncPeriod: 30}\n", "iptables: foo\n", "iptables: {masqueradeAll: 'true'}\n",
     "iptables: {localhostNodePorts: 'true'}\n", "nftables: {masqueradeBit: '14'}\n", "configSyncPeriod: 1 day\n",
+    "configSyncPeriod: false\n", "iptables: {minSyncPeriod: false}\n",
     # what the loader warns about as no field of its place: refused by the schema, which editors flag
     "sycnPeriod: 30s\n", "nftables: {localhostNodePorts: true}\n", "conntrack: {maxPerCPU: 1}\n",
     "clientConnection: {kubeConfig: /etc/kc}\n",
