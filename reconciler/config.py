@@ -518,6 +518,10 @@ _UNREAD_TYPES: dict[tuple[str, ...], str] = {
 }
 
 
+_PYTHON_TYPES: dict[str, type | tuple[type, ...]] = {
+    "string": str, "mapping": dict, "integer": int, "number": (int, float), "duration": str}
+
+
 def _check_unread(doc: dict[str, Any], where: Where, section: str) -> None:
     """The types of the values the loader does not otherwise read (the fields not used here, the
     mode section not run), as kube-proxy's decoder checks them; null is unset."""
@@ -525,26 +529,23 @@ def _check_unread(doc: dict[str, Any], where: Where, section: str) -> None:
         if mode != section and doc.get(mode) is not None and not isinstance(doc[mode], dict):
             raise InputError(where(mode), "expected a mapping", (mode,))
     for keys, kind in _UNREAD_TYPES.items():
+        if keys[0] == section and keys[-1] in MODE_SECTION_ONLY:
+            continue  # (read by _mode_section)
         value: Any = doc
         for k in keys:
             value = value.get(k) if isinstance(value, dict) else None
-        if value is None or (keys[0] == section and len(keys) > 1 and keys[1] != "masqueradeBit"):
-            continue  # (unset; or read by _mode_section)
+        if value is None or (kind == "duration" and type(value) is int and value == 0):
+            continue  # (unset; a zero duration reads as unset, not false)
         if kind == "boolean":
             _bool(doc, where, *keys)
-            continue
-        if kind == "duration" and isinstance(value, str):
+        elif isinstance(value, bool) or not isinstance(value, _PYTHON_TYPES[kind]):
+            raise InputError(where(*keys), f"expected {'a duration' if kind == 'duration' else kind}, got "
+                             f"{type_name(type(value))}", keys)
+        elif kind == "duration":
             try:
                 parse_duration(value.strip().removeprefix("-"))
             except ValueError:
                 raise InputError(where(*keys), f"invalid duration {value!r} (examples: 30s, 200ms, 1m)", keys) from None
-            continue
-        ok = {"string": str, "mapping": dict, "integer": int, "number": (int, float)}.get(kind, str)
-        if kind == "duration" and type(value) is int and value == 0:  # (what a zero reads as: unset; not false)
-            continue
-        if isinstance(value, bool) or not isinstance(value, ok):
-            raise InputError(where(*keys), f"expected {'a duration' if kind == 'duration' else kind}, got "
-                             f"{type_name(type(value))}", keys)
 
 
 def _set(value: Any) -> bool:

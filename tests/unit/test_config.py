@@ -647,3 +647,12 @@ def test_a_loose_spelling_of_a_bind_address_is_read_as_kube_proxy_reads_it_with_
     with caplog.at_level("WARNING"):
         run_options(tmp_path, HEAD + "healthzBindAddress: 10.0.0.5:10256\nmetricsBindAddress: 127.0.0.1\n")
     assert "is read as" not in caplog.text  # (the usual spellings: nothing to say)
+
+
+def test_the_types_of_the_run_sections_fields_not_used_are_checked_too(tmp_path):
+    path = tmp_path / "kp.yaml"
+    path.write_text(HEAD + "mode: iptables\niptables: {localhostNodePorts: 'true'}\n")
+    with pytest.raises(InputError, match="iptables.localhostNodePorts: expected true or false"):
+        load_kube_proxy_config(str(path))
+    path.write_text(HEAD + "mode: iptables\niptables: {localhostNodePorts: false, masqueradeAll: true}\n")
+    assert load_kube_proxy_config(str(path))["masquerade_all"] is True
