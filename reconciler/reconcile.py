@@ -185,7 +185,7 @@ def plan_against_kernel(backend: Any, source: str, options: Options, describe: b
     with _workers(backend) as (observed, pool), ThreadPoolExecutor(max_workers=1) as side:
         other = side.submit(other_mode_leftovers, backend.mode, True)
         try:
-            desired = load_desired(source, options, pool, observed if pool is not None else None)
+            desired = load_desired(source, options, pool, observed)
             want = backend.render(desired)  # while the kernel is still being read
             backend.before_diff(want)
         except BaseException:
