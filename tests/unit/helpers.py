@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -84,3 +86,24 @@ class FakeConntrack:
         gone = [e for e in entries if e in self.entries]
         self.entries = [e for e in self.entries if e not in gone]
         return len(gone)
+
+
+def notify_socket(path: str) -> socket.socket:
+    """A service manager's notification socket (sd_notify's $NOTIFY_SOCKET), bound at path."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    return sock
+
+
+def heard(sock: socket.socket, quiet: float = 0.2, most: float = 5.0) -> list[str]:
+    """The notifications a manager's socket got until none came for `quiet` seconds (at most
+    `most` seconds)."""
+    out: list[str] = []
+    deadline = time.monotonic() + most
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(min(quiet, left))
+        try:
+            out.append(sock.recv(4096).decode())
+        except (socket.timeout, BlockingIOError):
+            break
+    return out

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from prometheus_client import generate_latest
 
-from helpers import build, endpoint, endpoint_slice, node, service
+from helpers import build, endpoint, endpoint_slice, heard, node, notify_socket, service
 from reconciler.backends.base import KernelError, Operation
 from reconciler.config import Options
 from reconciler.daemon import Daemon, setup_logging
@@ -2224,63 +2224,42 @@ def test_a_stop_while_git_writes_the_tree_builds_nothing(tmp_path: Path, caplog:
 # --------------------------------------------------------------------------- systemd notifications
 
 
-def _manager(tmp_path: Path) -> tuple[str, socket.socket]:
-    path = str(tmp_path / "notify")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.2)
-    return path, sock
-
-
-def _notes(sock: socket.socket, quiet: float = 0.2, most: float = 5.0) -> list[str]:
-    """What the manager heard until nothing came for `quiet` seconds (at most `most` seconds)."""
-    out: list[str] = []
-    deadline = time.monotonic() + most
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(min(quiet, left))
-        try:
-            out.append(sock.recv(4096).decode())
-        except (socket.timeout, BlockingIOError):
-            break
-    return out
-
-
 def test_systemd_hears_ready_after_the_first_sync_then_what_each_sync_leaves(tmp_path: Path) -> None:
     from reconciler.sdnotify import Notifier
-    path, sock = _manager(tmp_path)
-    with sock:
+    path = str(tmp_path / "notify")
+    with notify_socket(path) as sock:
         d, backend, source, clock = make(objects=[])
         d.notifier = Notifier({"NOTIFY_SOCKET": path})
         source.errors = [InputError(Location("state/web.yaml", 12, 7), "must be 1-65535", ("spec", "ports", 0, "port"))]
         d.step()  # (no valid input yet: started all the same, saying why nothing is programmed)
-        assert _notes(sock) == ["READY=1\nSTATUS=no valid input yet, kernel left as it is: "
+        assert heard(sock) == ["READY=1\nSTATUS=no valid input yet, kernel left as it is: "
                                 "state/web.yaml:12:7: spec.ports[0].port: must be 1-65535"]
         source.errors, source.objects = [], web()
         d.notify()
         clock.advance(2)
         d.step()
-        assert _notes(sock) == ["STATUS=in sync: 1 service port (nftables)"]
+        assert heard(sock) == ["STATUS=in sync: 1 service port (nftables)"]
         source.objects = []
         source.errors = [InputError(Location("state/web.yaml", 3, 1), "is required", ("metadata", "name"))]
         d.notify()
         clock.advance(2)
         d.step()
-        assert _notes(sock) == ["STATUS=in sync: 1 service port (nftables); input error, last good state kept: "
+        assert heard(sock) == ["STATUS=in sync: 1 service port (nftables); input error, last good state kept: "
                                 "state/web.yaml:3:1: metadata.name: is required"]
         clock.advance(SYNC)
         d.step()  # (a resync that changes nothing of it: nothing said)
-        assert _notes(sock) == []
+        assert heard(sock) == []
 
 
 def test_run_tells_systemd_it_is_ready_pings_its_watchdog_and_says_when_it_stops(netns: str, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()
     write(state / "web.yaml", SVC_YAML.format(name="web", ip="10.96.0.10", port=80))
-    path, sock = _manager(tmp_path)
+    path = str(tmp_path / "notify")
     env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="600000")  # (a ping every 0.3 s)
     env.pop("WATCHDOG_PID", None)
     proc = None
-    with sock:
+    with notify_socket(path) as sock:
         try:
             proc = subprocess.Popen(
                 ["ip", "netns", "exec", netns, sys.executable, "-m", "reconciler", "run", "--source", str(state),
@@ -2289,13 +2268,13 @@ def test_run_tells_systemd_it_is_ready_pings_its_watchdog_and_says_when_it_stops
             notes: list[str] = []
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline and sum(n == "WATCHDOG=1" for n in notes) < 3:
-                notes += _notes(sock, quiet=1.0, most=1.0)
+                notes += heard(sock, quiet=1.0, most=1.0)
             assert any(n.startswith("READY=1\nSTATUS=in sync: 1 service port (nftables)") for n in notes), notes
             assert sum(n == "WATCHDOG=1" for n in notes) >= 3, notes  # (the loop goes round while idle)
             assert "10.96.0.10" in nft_table(netns)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=20) == 0
-            assert _notes(sock, quiet=0.5)[-1:] == ["STOPPING=1"]
+            assert heard(sock, quiet=0.5)[-1:] == ["STOPPING=1"]
         finally:
             if proc is not None and proc.poll() is None:
                 proc.kill()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from helpers import heard, notify_socket
 
 from reconciler.sdnotify import STATUS_MAX, Notifier
 
@@ -25,22 +26,8 @@ class Clock:
 def manager(tmp_path: Path) -> Iterator[tuple[str, socket.socket]]:
     """A service manager's notification socket: its path, and the socket to read."""
     path = str(tmp_path / "notify")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(path)
-    sock.settimeout(0.2)
-    try:
+    with notify_socket(path) as sock:
         yield path, sock
-    finally:
-        sock.close()
-
-
-def received(sock: socket.socket) -> list[str]:
-    out = []
-    while True:
-        try:
-            out.append(sock.recv(4096).decode())
-        except (socket.timeout, BlockingIOError):
-            return out
 
 
 def test_ready_once_then_the_status_when_it_changes(manager: tuple[str, socket.socket]) -> None:
@@ -51,7 +38,7 @@ def test_ready_once_then_the_status_when_it_changes(manager: tuple[str, socket.s
     n.synced("in sync: 3 service ports (nftables)")  # (no change: nothing)
     n.synced("no valid input\nyet: " + "x" * 500)  # (one line, cut short)
     n.stopping()
-    got = received(sock)
+    got = heard(sock)
     assert got[0] == "READY=1\nSTATUS=in sync: 3 service ports (nftables)"
     assert got[1] == "STATUS=" + ("no valid input yet: " + "x" * 500)[:STATUS_MAX]
     assert got[2:] == ["STOPPING=1"]
@@ -68,11 +55,11 @@ def test_watchdog_pings_at_half_its_interval_and_only_for_this_process(manager: 
     n.alive()  # (too soon)
     clock.now += 0.4
     n.alive()
-    assert received(sock) == ["WATCHDOG=1", "WATCHDOG=1"]
+    assert heard(sock) == ["WATCHDOG=1", "WATCHDOG=1"]
     other = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}, clock, pid=4242)
     assert other.watchdog_interval is None and other.due_in() == float("inf")  # (meant for another process)
     other.alive()
-    assert received(sock) == []
+    assert heard(sock) == []
 
 
 def test_without_a_manager_nothing_is_sent_and_a_gone_one_is_no_error(tmp_path: Path) -> None:
