@@ -5,7 +5,9 @@ failure), so that `systemctl start` returns and units ordered after this one sta
 after each sync, what `systemctl status` shows (in sync with N service ports, the input's first
 error, the failure); WATCHDOG=1 from the run loop each time round, at most every half
 WatchdogSec= (a loop stuck, in a sync or anywhere, stops the pings and systemd restarts the
-service); STOPPING=1 on the way out. Without $NOTIFY_SOCKET (not under systemd, Type=simple, a
+service); RELOADING=1 when a SIGHUP's full resync starts (`systemctl reload`), then READY=1 with
+its STATUS= once it has ended, so that systemd shows the unit reloading meanwhile (and a
+Type=notify-reload unit's reload waits for it); STOPPING=1 on the way out. Without $NOTIFY_SOCKET (not under systemd, Type=simple, a
 container) nothing is sent. One datagram per message over the standard library's socket, as
 libsystemd sends it.
 """
@@ -40,6 +42,7 @@ class Notifier:
         self._pinged: float | None = None
         self.ready_sent = False
         self._status: str | None = None
+        self._reloading = False
 
     @property
     def enabled(self) -> bool:
@@ -58,13 +61,22 @@ class Notifier:
             log.debug("sd_notify %r: %s", message.split("\n", 1)[0], exc)
             return False
 
+    def reloading(self) -> None:
+        """A reload (SIGHUP's full resync) starts: RELOADING=1 with the CLOCK_MONOTONIC time, which
+        systemd compares with the time it sent the signal. Before the first READY=1 nothing: that
+        one ends it."""
+        if self.ready_sent and self.send(f"RELOADING=1\nMONOTONIC_USEC={int(self._clock() * 1e6)}"):
+            self._reloading = True
+
     def synced(self, status: str) -> None:
-        """After a sync: its STATUS= (when it changed), with READY=1 after the first."""
+        """After a sync: its STATUS= (when it changed), with READY=1 after the first and after a
+        reload's."""
         status = " ".join(status.split())[:STATUS_MAX]
-        if not self.ready_sent:
-            self.ready_sent = self.send(f"READY=1\nSTATUS={status}")
-            if self.ready_sent:
-                self._status = status
+        if not self.ready_sent or self._reloading:
+            sent = self.send(f"READY=1\nSTATUS={status}")
+            self.ready_sent = self.ready_sent or sent
+            if sent:
+                self._status, self._reloading = status, False
         elif status != self._status and self.send(f"STATUS={status}"):
             self._status = status
 

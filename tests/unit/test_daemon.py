@@ -2251,6 +2251,28 @@ def test_systemd_hears_ready_after_the_first_sync_then_what_each_sync_leaves(tmp
         assert heard(sock) == []
 
 
+def test_a_sighup_resync_is_a_reload_to_systemd(tmp_path: Path) -> None:
+    """`systemctl reload` (SIGHUP): RELOADING=1 when its full resync starts, READY=1 once it has
+    ended, even when it changed nothing; a periodic resync says nothing."""
+    from reconciler.sdnotify import Notifier
+    path = str(tmp_path / "notify")
+    with notify_socket(path) as sock:
+        d, backend, source, clock = make(objects=web())
+        d.notifier = Notifier({"NOTIFY_SOCKET": path}, clock.monotonic)
+        d.step()
+        assert heard(sock) == ["READY=1\nSTATUS=in sync: 1 service port (nftables)"]
+        clock.advance(2)
+        d.resync_now()
+        d.step()
+        got = heard(sock)
+        assert [g.split("\n")[0] for g in got] == ["RELOADING=1", "READY=1"], got
+        assert got[0] == f"RELOADING=1\nMONOTONIC_USEC={int(clock.monotonic() * 1e6)}"
+        assert got[1] == "READY=1\nSTATUS=in sync: 1 service port (nftables)"
+        clock.advance(SYNC)
+        d.step()
+        assert heard(sock) == []
+
+
 def test_run_tells_systemd_it_is_ready_pings_its_watchdog_and_says_when_it_stops(netns: str, tmp_path: Path) -> None:
     state = tmp_path / "state"
     state.mkdir()

@@ -44,6 +44,21 @@ def test_ready_once_then_the_status_when_it_changes(manager: tuple[str, socket.s
     assert got[2:] == ["STOPPING=1"]
 
 
+def test_a_reload_is_reloading_with_the_monotonic_time_then_ready_again(manager: tuple[str, socket.socket]) -> None:
+    path, sock = manager
+    clock = Clock()
+    n = Notifier({"NOTIFY_SOCKET": path}, clock)
+    n.reloading()  # (before the first READY=1: that one ends the start-up, nothing else to say)
+    n.synced("in sync: 3 service ports (nftables)")
+    clock.now = 1234.5678
+    n.reloading()
+    n.synced("in sync: 3 service ports (nftables)")  # (the status unchanged: READY=1 all the same)
+    n.synced("in sync: 3 service ports (nftables)")
+    assert heard(sock) == ["READY=1\nSTATUS=in sync: 3 service ports (nftables)",
+                           "RELOADING=1\nMONOTONIC_USEC=1234567800",
+                           "READY=1\nSTATUS=in sync: 3 service ports (nftables)"]
+
+
 def test_watchdog_pings_at_half_its_interval_and_only_for_this_process(manager: tuple[str, socket.socket]) -> None:
     path, sock = manager
     clock = Clock()
