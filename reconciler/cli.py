@@ -485,6 +485,8 @@ def _apply_saved(args: argparse.Namespace) -> int:
         seen = doc.get("observedGeneration")
         ops = [Operation(o["action"], o["kind"], o["object"], o["command"], o.get("service")) for o in operations]
         n_other = _check_saved_plan(mode, ops, other, seen)
+        if doc["counts"]["operations"] != len(ops):  # (cut short, or added to)
+            raise ValueError(f"{len(ops)} operations, where its counts say {doc['counts']['operations']!r}")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{args.plan}: not a plan of `reconciler plan -o json` ({type(exc).__name__}: {exc}); "
                          "nothing applied") from None

@@ -218,7 +218,7 @@ def test_apply_and_cleanup_say_that_a_running_run_will_put_its_state_back(
 def test_apply_takes_a_source_or_a_saved_plan_and_nothing_a_plan_was_made_with(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     saved = tmp_path / "plan.json"
-    saved.write_text(json.dumps({"mode": "nftables", "operations": []}))
+    saved.write_text(json.dumps({"mode": "nftables", "operations": [], "counts": {"operations": 0}}))
     assert main(["apply"]) == 1
     assert "apply: give --source DIR, or --plan FILE (a saved plan), not both" in capsys.readouterr().err
     assert main(["apply", "--plan", str(saved), "--source", str(tmp_path)]) == 1
@@ -360,7 +360,17 @@ def test_a_saved_plan_is_checked_whole_before_anything_is_applied(
         "otherMode splitting ours": (lambda d: d.update(otherMode={"mode": "iptables" if mode == "nftables"
                                                                    else "nftables", "operations": 1}), "operations["),
         "a generation as text": (lambda d: d.update(observedGeneration="7"), "observedGeneration"),
+        "cut short": (lambda d: d["operations"].pop(), "counts say"),
+        "another kind of command": (lambda d: d["operations"].append(
+            {**_first(d, "rule"), "command": "delete table ip reconciler" if mode == "nftables"
+             else f"-X {_first(d, 'rule')['object'].split()[-1]}"}), "is not made as"),
+        "a rule added as a removal": (lambda d: d["operations"].append({**_first(d, "rule"), "action": "-"}),
+                                      "is not made as"),
     }
+    if mode == "nftables":  # (the operation's own table, but another object of it)
+        edits["a chain of another name"] = (lambda d: d["operations"].append(
+            {**_first(d, "chain"), "command": "add chain ip reconciler evil { type filter hook input priority -500; "
+                                              "policy drop; }"}), "its command is about ip reconciler chain evil")
     if mode == "iptables":  # (rules that jump to ours, but not where or as our jumps are)
         edits["a rule of somebody else's chain"] = (lambda d: d["operations"].append(
             {"action": "-", "kind": "rule", "object": "iptables filter CALICO-X",
@@ -376,6 +386,31 @@ def test_a_saved_plan_is_checked_whole_before_anything_is_applied(
     (tmp_path / "latin.json").write_bytes(b'{"mode": "nftables", "node": "caf\xe9"}')
     assert main(["apply", "--plan", str(tmp_path / "latin.json")]) == 1
     assert f"{tmp_path / 'latin.json'}: cannot read it: 'utf-8' codec" in capsys.readouterr().err
+
+
+def _first(doc: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A saved plan's first operation of this kind (on an IPv4 object, for nftables)."""
+    return next(o for o in doc["operations"] if o["kind"] == kind and not o["object"].startswith("ip6 "))
+
+
+@pytest.mark.parametrize("mode", ["nftables", "iptables"])
+def test_every_operation_of_a_plan_that_changes_or_removes_passes_the_saved_plan_check(mode: str) -> None:
+    """The check of a saved plan's operations (the command of the kind, action and object the
+    operation names) takes every operation diff() makes: flushes, deletions, changed elements
+    and rules, not only those of a first apply."""
+    from reconciler.backends import get_backend
+    from reconciler.cli import _check_saved_plan
+    from reconciler.desired import BuildOptions, build_desired_state
+    from reconciler.sources.manifests import load_directory
+    backend = get_backend(mode)
+    objects = load_directory(STATE_DIR).objects
+    before = backend.render(build_desired_state(objects, BuildOptions("node-a", ("10.244.0.0/16",))))
+    after = backend.render(build_desired_state(objects[: len(objects) // 2],
+                                               BuildOptions("node-b", ("10.244.0.0/16",), masquerade_all=True)))
+    for want, have in ((after, before), (type(before)(), before)):
+        ops = backend.diff(want, have)
+        assert {o.action for o in ops} >= ({"-", "+", "~"} if want is after else {"-"}), {o.action for o in ops}
+        assert _check_saved_plan(mode, ops, None, 7) == 0
 
 
 def _many_services(directory: Path, count: int) -> None:

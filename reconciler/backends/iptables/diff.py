@@ -196,6 +196,9 @@ _LINE = re.compile(r"(?::(\S+) - \[0:0\]$|-([ADIX]) (\S+)(?: |$))")
 
 
 BUILTIN_CHAINS = frozenset(("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"))
+# the lines diff() makes, by their command: the kind and actions of their operations
+_MADE = {":": ("chain", ("+", "~")), "X": ("chain", ("-",)), "A": ("rule", ("+",)), "I": ("rule", ("+",)),
+         "D": ("rule", ("-",))}
 
 
 def foreign(op: Operation) -> str | None:
@@ -210,6 +213,9 @@ def foreign(op: Operation) -> str | None:
         return f"not one restore line of ours: {op.text!r}"
     if (m.group(1) or m.group(3)) != chain:
         return f"its line is not about chain {chain}: {op.text!r}"
+    kind, actions = _MADE[m.group(2) or ":"]
+    if op.kind != kind or op.action not in actions:
+        return f"a {op.kind} operation ({op.action}) is not made as {op.text.split(' ', 1)[0]}: {op.text!r}"
     if is_ours(chain):
         return None
     if m.group(2) in ("D", "I") and chain in BUILTIN_CHAINS:  # (only our jump rules, inserted or deleted)

@@ -149,21 +149,44 @@ def _diff_table(want: Table, have: Table | None) -> list[Operation]:
     return create + flush + early_delete + set_delete + set_create + elems + fill + late_delete
 
 
-_COMMAND = re.compile(r"(?:add|delete|flush) (table|chain|rule|set|map|element) (\S+) (\S+)(?: |$)")
+_COMMAND = re.compile(r"(add|delete|flush) (table|chain|rule|set|map|element) (\S+) (\S+)(?: (\S+))?(?: |$)")
 _OUR_TABLE = re.compile(rf"{TABLE}(?:-\d\d)?")
+# the commands diff() makes, by verb and kind: the actions they are planned as, and whether the
+# command goes on after the object's name (a rule's body, a definition, elements)
+_MADE = {("add", "table"): (("+", "~"), False), ("delete", "table"): (("-",), False),
+         ("add", "chain"): (("+",), None), ("flush", "chain"): (("~",), False), ("delete", "chain"): (("-",), False),
+         ("add", "rule"): (("+",), True), ("add", "set"): (("+",), True), ("delete", "set"): (("-",), False),
+         ("add", "map"): (("+",), True), ("delete", "map"): (("-",), False),
+         ("add", "element"): (("+",), True), ("delete", "element"): (("-",), True)}
 
 
 def foreign(op: Operation) -> str | None:
     """Why an operation is not one diff() makes (see Backend.foreign): one command, on one of our
-    tables, of the object it names."""
+    tables, of the kind, action and object the operation names."""
     m = _COMMAND.match(op.text)
-    if m is None or "\n" in op.text or _outside_braces(op.text, ";"):
+    if m is None or "\n" in op.text or "\r" in op.text or _outside_braces(op.text, ";"):
         return f"not one nft command of ours: {op.text!r}"
-    family, table = m.group(2), m.group(3)
+    verb, kind, family, table, name = m.groups()
     if family not in FAMILIES.values() or not _OUR_TABLE.fullmatch(table):
         return f"table {family} {table} is not ours"
-    if op.name != f"{family} {table}" and not op.name.startswith(f"{family} {table} "):
-        return f"its command is about table {family} {table}, not {op.name!r}"
+    made = _MADE.get((verb, kind))
+    if made is None or op.kind != kind or op.action not in made[0]:
+        return f"a {op.kind} operation ({op.action}) is not made as {verb} {kind}: {op.text!r}"
+    if kind == "table":
+        about, name = f"{family} {table}", None
+    elif name is None:
+        return f"not one nft command of ours: {op.text!r}"
+    else:
+        holder = {"chain": "chain", "rule": "chain", "set": "set", "map": "map"}.get(kind)
+        if holder is None:  # (an element, of the set or map the operation names)
+            holder = "map" if op.name.startswith(f"{family} {table} map ") else "set"
+        about = f"{family} {table} {holder} {name}"
+    if op.name != about:
+        return f"its command is about {about}, not {op.name!r}"
+    rest = op.text[len(f"{verb} {kind} {family} {table}" + (f" {name}" if name else "")):]  # ("" or " …")
+    if made[1] is False and rest or made[1] is True and not rest \
+            or made[1] is None and rest and not (rest.startswith(" {") and rest.endswith("}")):
+        return f"not one nft command of ours: {op.text!r}"
     return None
 
 
