@@ -102,6 +102,16 @@ def docs(udp_pod: str = "pod1") -> list[dict]:
         svc("etp-none-xip", ["10.96.1.112"], [{**HTTP[0], "port": 31050, "nodePort": 31052}], type="NodePort",
             externalTrafficPolicy="Local", externalIPs=["172.30.1.61"]),
         eps("etp-none-xip", ["pod3"]),
+        # Two Services on one externalIP and port, the first by id with externalTrafficPolicy Local
+        # and no endpoint on this node: it decides (external clients dropped), never the second.
+        svc("xip-shared-a", ["10.96.1.113"], HTTP, externalTrafficPolicy="Local", externalIPs=["172.30.1.62"]),
+        eps("xip-shared-a", ["pod3"]),
+        svc("xip-shared-b", ["10.96.1.114"], HTTP, externalIPs=["172.30.1.62"]),
+        eps("xip-shared-b", ["pod2"]),
+        # A load balancer IP that is also one of the Service's externalIPs: its source ranges hold.
+        svc("ranges-xip", ["10.96.1.55"], HTTP, type="LoadBalancer", status=lb("172.30.1.19"),
+            externalIPs=["172.30.1.19"], loadBalancerSourceRanges=["172.30.0.100/32"]),
+        eps("ranges-xip", ["pod1"]),
         # UDP whose endpoint moves: stale conntrack entries must go.
         svc("udp-move", ["10.96.1.100"], [{"name": "dns", "port": 53, "protocol": "UDP"}]),
         eps("udp-move", [udp_pod], ports=(("dns", 8080, "UDP"),)),
@@ -207,12 +217,24 @@ def test_a_local_service_ip_without_local_endpoints_is_dropped_not_passed_to_a_n
         pod = lab.tcp("pod1", "172.30.1.61", 31050, count=5)  # pods short-circuit to the others
     finally:
         lab.del_node_address("172.30.1.61")
-    if applied.mode == "nftables":  # kube-proxy's nftables mode: its goto ends the lookups; filter drops
-        assert outcomes(res) == {"timeout": 2}
-    else:  # as kube-proxy's iptables mode: no rule of this service takes it, the NodePort rule at the
-        # end of the services chain does (the filter's DROP then sees the NodePort's endpoint)
-        assert outcomes(res) == {"ok": 2} and set(servers(res)) == {"pod2"}
+    # as kube-proxy's nftables mode, whose goto ends the lookups, in both backends (kube-proxy's
+    # iptables mode passes it on to the NodePort rule at the end of its services chain)
+    assert outcomes(res) == {"timeout": 2}
     assert outcomes(pod) == {"ok": 5} and set(servers(pod)) == {"pod3"}
+
+
+def test_two_services_on_one_external_ip_the_first_without_local_endpoints_drops(lab, applied):
+    external = lab.tcp("ext1", "172.30.1.62", 80, count=2, timeout=1.0)
+    pod = lab.tcp("pod1", "172.30.1.62", 80, count=5)  # pods short-circuit to the first's endpoints
+    assert outcomes(external) == {"timeout": 2}
+    assert outcomes(pod) == {"ok": 5} and set(servers(pod)) == {"pod3"}
+
+
+def test_source_ranges_hold_on_a_load_balancer_ip_that_is_also_an_external_ip(lab, applied):
+    allowed, blocked = concurrently([lambda: lab.tcp("ext1", "172.30.1.19", 80, count=5),
+                                     lambda: lab.tcp("ext2", "172.30.1.19", 80, count=2, timeout=1.0)])
+    assert outcomes(allowed) == {"ok": 5}
+    assert outcomes(blocked) == {"timeout": 2}
 
 
 def test_itp_local(lab, applied):

@@ -11,7 +11,8 @@ nat table
                           pick an endpoint (`-m recent` affinity, `-m statistic` cascade that DNATs
                           directly, or jumps to the endpoint's SEP chain when it has one)
   RECONCILER-EXT-<hash>   external traffic (nodePort, externalIPs, LB IPs) of one service port (ETP
-                          Local: traffic from a remote endpoint pod is masqueraded: it may hairpin)
+                          Local: traffic from a remote endpoint pod is masqueraded: it may hairpin;
+                          without local endpoints entered with -g: what it leaves goes no further)
   RECONCILER-FW-<hash>    LB IP traffic from loadBalancerSourceRanges -> EXT; the rest falls through
                           un-DNATed (entered with -g) and is dropped by RECONCILER-FIREWALL
   RECONCILER-SEP-<hash>   one endpoint of one service port, ONLY when something must happen once that
@@ -351,15 +352,22 @@ class _Builder:
             assert ext is not None
             fw = fw_chain(sp)
             self.nat[fw] = [(*source(src), *_comment(sid), "-j", ext) for src in blk.loadBalancerSourceRanges]
+        # An EXT chain that may leave traffic un-DNATed (policy Local, no local endpoint: only the
+        # short-circuit) is entered with -g, where kube-proxy's iptables mode jumps: the rest goes
+        # back to PREROUTING and is dropped in the filter table (EXTERNAL-CHECK), never on down
+        # RECONCILER-SERVICES to another Service on the same address and port or to a NodePort on
+        # it (as nftables mode, whose external chain ends the lookup).
+        enter = "-g" if external.verdict == "drop" else "-j"
         for ip in blk.externalIPs:
-            if ext:
-                self.services.append(addr_rule(SERVICES, ip, "-j", ext))
+            if ext and not (firewall and ip in blk.loadBalancerIPs):  # (also an LB IP: its source ranges
+                # hold there too, as nftables mode checks them whatever else the address is)
+                self.services.append(addr_rule(SERVICES, ip, enter, ext))
             if external.verdict != "forward":
                 self.no_external.append(addr_rule(EXTERNAL_CHECK, ip, *self._verdict(external)))
         for ip in blk.loadBalancerIPs:
-            if ext:  # (-g, where kube-proxy jumps: what the FW chain lets through un-DNATed goes back to
-                # PREROUTING and RECONCILER-FIREWALL drops it, never on to a NodePort on the LB IP's port)
-                self.services.append(addr_rule(SERVICES, ip, *(("-g", fw_chain(sp)) if firewall else ("-j", ext))))
+            if ext:  # (-g into FW, likewise: what it lets through un-DNATed goes back to PREROUTING and
+                # RECONCILER-FIREWALL drops it, never on to a NodePort on the LB IP's port)
+                self.services.append(addr_rule(SERVICES, ip, *(("-g", fw_chain(sp)) if firewall else (enter, ext))))
             if external.verdict != "forward":
                 self.no_external.append(addr_rule(EXTERNAL_CHECK, ip, *self._verdict(external)))
             if firewall:
