@@ -152,6 +152,20 @@ class _Informer:
     last_error: str = ""
 
 
+def _api_error(exc: ApiException) -> str:
+    """An API error in one line, with the server's own message (a 403 names the account and the
+    verb it lacks, as client-go logs it): "HTTP 403 Forbidden: endpointslices.discovery.k8s.io is
+    forbidden: User ...". (str() of the client's exception is several lines, headers included.)"""
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+    try:
+        message = json.loads(body).get("message") if body.lstrip().startswith("{") else body
+    except (ValueError, AttributeError):
+        message = body
+    message = " ".join(str(message or "").split())[:300]
+    head = f"HTTP {exc.status} {exc.reason or ''}".rstrip() if exc.status else str(exc.reason or "API error")
+    return f"{head}: {message}" if message else head
+
+
 def _described(exc: object) -> str:
     """An error for the log: urllib3's own retries exhausted ("HTTPConnectionPool(...): Max retries
     exceeded with url: ... (Caused by NewConnectionError(...))", ~500 characters, though we retry)
@@ -164,6 +178,8 @@ def _described(exc: object) -> str:
         if text.startswith(("<", "HTTP")) and ": " in text:  # ("HTTPConnection(host=..., port=...): ...")
             text = text.split(": ", 1)[1]
         return f"cannot reach the API server{where}: {text}"
+    if isinstance(exc, ApiException):
+        return _api_error(exc)
     return str(exc)
 
 
@@ -530,11 +546,11 @@ class KubernetesSource:
         except ApiException as exc:
             self._count_request(str(exc.status) if exc.status else "<error>")
             if exc.status == 410:
-                raise _Gone(str(exc)) from exc
+                raise _Gone(_api_error(exc)) from exc
             if exc.status == 504 and "ResourceVersionTooLarge" in str(exc.body or ""):
                 raise _TooLarge(f"HTTP {exc.status}: too large resource version") from exc
             if exc.status not in (None, 0, 429, 500, 503, 504):  # (overloaded or failing server: watch again)
-                raise _Refused(f"HTTP {exc.status}: {exc.reason}") from exc
+                raise _Refused(_api_error(exc)) from exc
             raise
         except Exception:
             self._count_request("<error>")

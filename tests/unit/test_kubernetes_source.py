@@ -847,3 +847,25 @@ def test_load_api_client_in_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with caplog.at_level("WARNING"):
         assert load_api_client(None).configuration.host == "https://192.0.2.10:6443"
     assert caplog.text == ""
+
+
+def test_an_api_error_is_one_line_with_the_servers_own_message() -> None:
+    """A 403 names the account and the verb it lacks (as client-go logs it), and no API error is
+    logged over several lines with its headers (the client's str() of it)."""
+    from kubernetes.client.exceptions import ApiException
+
+    from reconciler.sources.kubernetes import _described
+
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.headers = {"Content-Type": "application/json"}
+    forbidden.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403,
+                                 "message": 'endpointslices.discovery.k8s.io is forbidden: User\n"system:serviceaccount:'
+                                            'kube-system:reconciler" cannot list resource "endpointslices"'}).encode()
+    assert "\n" in str(forbidden)
+    assert _described(forbidden) == ('HTTP 403 Forbidden: endpointslices.discovery.k8s.io is forbidden: User '
+                                     '"system:serviceaccount:kube-system:reconciler" cannot list resource '
+                                     '"endpointslices"')
+    busy = ApiException(status=429, reason="Too Many Requests")
+    busy.body = "slow down\n" + "x" * 1000
+    assert _described(busy) == "HTTP 429 Too Many Requests: slow down " + "x" * 290
+    assert _described(ApiException(status=500, reason="Internal Server Error")) == "HTTP 500 Internal Server Error"
