@@ -346,6 +346,17 @@ def test_a_nodeport_outside_the_api_servers_range_is_warned_about():
     assert only(state, "default/ssh:ssh/TCP").nodePort == 22  # (programmed all the same, as asked)
 
 
+def test_load_balancer_ips_of_a_service_of_another_type_are_warned_about_not_programmed():
+    svc = service("np", "10.96.0.9", [{"name": "http", "port": 80, "nodePort": 30301}], type="NodePort")
+    svc.body["status"] = {"loadBalancer": {"ingress": [{"ip": "192.168.70.31"}]}}
+    state = build([svc])
+    assert any("status.loadBalancer.ingress: ignored: a NodePort Service's load balancer IPs are not programmed"
+               in w for w in state.warnings), state.warnings
+    assert only(state, "default/np:http/TCP").families[0].loadBalancerIPs == ()
+    svc.body["status"]["loadBalancer"]["ingress"] = [{"hostname": "lb.example.com"}]  # (no IP: nothing to say)
+    assert not any("ingress" in w for w in build([svc]).warnings)
+
+
 def test_the_usual_endpoint_reads_the_same_on_the_fast_path_as_with_every_check():
     """_parse_slice decides the usual endpoint itself; _endpoint reads any endpoint with every
     check. On 2,000 random usual (and some unusual) endpoints the two agree field for field, and
