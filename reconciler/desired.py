@@ -422,7 +422,8 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
                     placed.append(((*base, "ip"), ip))
             except InputError as exc:
                 errors.append(exc)
-    elif isinstance(ingress := r.get(("status", "loadBalancer", "ingress")), list) and any(
+    elif not r.obj.location.origin.startswith(_API_ORIGIN) and isinstance(  # (a manifest's leftover)
+            ingress := r.get(("status", "loadBalancer", "ingress")), list) and any(
             isinstance(i, dict) and i.get("ip") for i in ingress):
         r.warn(("status", "loadBalancer", "ingress"), f"ignored: a {svc_type} Service's load balancer IPs are not "
                "programmed (the API server clears this status on any type but LoadBalancer since v1.29; "

@@ -617,6 +617,9 @@ def test_a_field_the_api_type_does_not_have_is_warned_at_its_place_and_ignored(t
         f"ignored (did you mean timeoutSeconds?); {tail}",
         "svc.yaml:10:3: spec.sessionAffinityConfig: set while sessionAffinity is None: ignored (the API server "
         "refuses it)",  # (sessionAfinity misspelt)
+        "svc.yaml:12:18: status.loadBalancer.ingress: ignored: a ClusterIP Service's load balancer IPs are not "
+        "programmed (the API server clears this status on any type but LoadBalancer since v1.29; kube-proxy "
+        "would program them)",
         f"svc.yaml:12:63: status.loadBalancer.ingress[0].ports[0].protocl: unknown field of PortStatus, ignored "
         f"(did you mean protocol?); {tail}",
         f"svc.yaml:21:34: ports[0].appProtocl: unknown field of EndpointPort, ignored (did you mean "
