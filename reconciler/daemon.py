@@ -686,8 +686,8 @@ class Daemon:
         hup, self._hup = self._hup, False  # (SIGHUP; one that comes during this sync counts for the next)
         if hup:
             self.notifier.reloading()  # (READY=1 again once this sync has ended: _remember)
-        if hup and (rescan := getattr(self.source, "rescan", None)) is not None:
-            rescan()  # (the whole source read again, not just the files it saw change)
+            if (rescan := getattr(self.source, "rescan", None)) is not None:
+                rescan()  # (the whole source read again, not just the files it saw change)
         with self._lock:
             was_dirty, self._dirty = self._dirty or hup, False
         full = kind == "full"

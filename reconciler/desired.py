@@ -167,6 +167,12 @@ class _Reader:
         self.obj = obj
         self.warnings = [] if warnings is None else warnings
 
+    @property
+    def from_api(self) -> bool:
+        """The object was served by the API server, which never holds what it refuses (the
+        manifest-only checks and warnings are not made for it)."""
+        return self.obj.location.origin.startswith(_API_ORIGIN)
+
     def error(self, path: Path, msg: str) -> InputError:
         return InputError(self.obj.where(path), msg, path)
 
@@ -251,7 +257,7 @@ def _warn_unknown(r: _Reader, value: Any, type_: fields.Type, base: Path = ()) -
     reader's error) and of its nested objects that their types do not have (fields.unknown_fields);
     none for an object read from the API server."""
     if type(value) is dict and (unknown := fields.unknown_fields(value, type_)):
-        if not r.obj.location.origin.startswith(_API_ORIGIN):
+        if not r.from_api:
             for p in unknown:
                 r.warn(base + p, fields.unknown_field_message(fields.field_type(type_, p), p[-1]))
 
@@ -422,7 +428,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
                     placed.append(((*base, "ip"), ip))
             except InputError as exc:
                 errors.append(exc)
-    elif not r.obj.location.origin.startswith(_API_ORIGIN) and isinstance(  # (a manifest's leftover)
+    elif not r.from_api and isinstance(  # (a manifest's leftover)
             ingress := r.get(("status", "loadBalancer", "ingress")), list) and any(
             isinstance(i, dict) and i.get("ip") for i in ingress):
         r.warn(("status", "loadBalancer", "ingress"), f"ignored: a {svc_type} Service's load balancer IPs are not "
@@ -449,7 +455,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         errors.append(exc)
 
     timeout = None
-    from_api = obj.location.origin.startswith(_API_ORIGIN)  # (never holds what the API server refuses)
+    from_api = r.from_api
     try:
         if r.enum(("spec", "sessionAffinity"), ("None", "ClientIP"), "None") == "ClientIP":
             tpath: Path = ("spec", "sessionAffinityConfig", "clientIP", "timeoutSeconds")
@@ -469,7 +475,7 @@ def _read_service(obj: SourceObject, warnings: list[str], errors: list[InputErro
         r.warn(("spec", "externalTrafficPolicy"), "set on a Service with no external address (no NodePort, load "
                "balancer or externalIP): nothing it applies to (the API server refuses it)")
     itp = _attempt(errors, r.enum, ("spec", "internalTrafficPolicy"), ("Cluster", "Local"), "Cluster")
-    _attempt(errors, _check_ip_family_policy, r, len(cluster_ips), from_api)
+    _attempt(errors, _check_ip_family_policy, r, len(cluster_ips))
     hcnp = None
     try:
         hcnp = r.port(("spec", "healthCheckNodePort"), required=False, zero_unset=True)
@@ -512,7 +518,7 @@ def _check_ip_families(r: _Reader, ips: list[Any]) -> None:
             ip = normalize_ip(ips[i])
             if ip is not None and ip_family(ip) != _ADDRESS_TYPES[name]:
                 raise r.error(path, f"{name} is not the family of clusterIPs[{i}] ({ips[i]})")
-        elif ips and i >= len(ips) and not r.obj.location.origin.startswith(_API_ORIGIN):
+        elif ips and i >= len(ips) and not r.from_api:
             r.warn(path, f"{name} has no clusterIP (clusterIPs[{i}]): nothing is programmed for it (the API server "
                    "allocates one)")
 
@@ -566,7 +572,7 @@ def _read_port(r: _Reader, base: Path, svc_type: str, count: int, ports: list[_P
 _IP_FAMILY_POLICIES = ("SingleStack", "PreferDualStack", "RequireDualStack")
 
 
-def _check_ip_family_policy(r: _Reader, cluster_ips: int, from_api: bool) -> None:
+def _check_ip_family_policy(r: _Reader, cluster_ips: int) -> None:
     """spec.ipFamilyPolicy: one of the three, and not SingleStack with a clusterIP of each family
     (the API server refuses both); RequireDualStack with one clusterIP is warned about."""
     policy = r.typed(("spec", "ipFamilyPolicy"), str)
@@ -574,7 +580,7 @@ def _check_ip_family_policy(r: _Reader, cluster_ips: int, from_api: bool) -> Non
         raise r.error(("spec", "ipFamilyPolicy"), f"must be one of {', '.join(_IP_FAMILY_POLICIES)}, got {policy!r}")
     if policy == "SingleStack" and cluster_ips > 1:
         raise r.error(("spec", "ipFamilyPolicy"), "SingleStack, with a clusterIP of each family")
-    if policy == "RequireDualStack" and cluster_ips == 1 and not from_api:
+    if policy == "RequireDualStack" and cluster_ips == 1 and not r.from_api:
         r.warn(("spec", "ipFamilyPolicy"), "RequireDualStack with one clusterIP: only its family is served")
 
 
